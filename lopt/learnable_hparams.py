@@ -1,0 +1,85 @@
+"""Hand-designed optimizers whose hyper-parameters are meta-learned.
+
+theta holds unconstrained values: lr = exp(log_lr), β = sigmoid(logit_β), ε = exp(log_eps).
+`opt_fn(theta)` is the plain optax optimizer with those values, so with theta at its
+defaults it is numerically optax's own.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopt.base import LearnedOptimizer
+
+
+def _logit(p: float) -> float:
+    return math.log(p) - math.log1p(-p)
+
+
+def _scalar(x: float) -> jax.Array:
+    return jnp.asarray(x, jnp.float32)
+
+
+class LearnableSGD(LearnedOptimizer):
+    """SGD with a learned learning rate: theta = {"log_lr"}."""
+
+    def __init__(self, learning_rate: float = 1e-2):
+        self.learning_rate = float(learning_rate)
+
+    def config(self) -> dict:
+        return {"learning_rate": self.learning_rate}
+
+    def init(self, key: jax.Array) -> dict:
+        del key
+        return {"log_lr": _scalar(math.log(self.learning_rate))}
+
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False):
+        del num_steps, is_training
+        return optax.with_extra_args_support(optax.sgd(jnp.exp(theta["log_lr"])))
+
+
+class LearnableSGDM(LearnedOptimizer):
+    """SGD with momentum, learned lr and momentum: theta = {"log_lr", "logit_momentum"}."""
+
+    def __init__(self, learning_rate: float = 1e-2, momentum: float = 0.9):
+        self.learning_rate = float(learning_rate)
+        self.momentum = float(momentum)
+
+    def config(self) -> dict:
+        return {"learning_rate": self.learning_rate, "momentum": self.momentum}
+
+    def init(self, key: jax.Array) -> dict:
+        del key
+        return {"log_lr": _scalar(math.log(self.learning_rate)), "logit_momentum": _scalar(_logit(self.momentum))}
+
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False):
+        del num_steps, is_training
+        lr = jnp.exp(theta["log_lr"])
+        mom = jax.nn.sigmoid(theta["logit_momentum"])
+        return optax.with_extra_args_support(
+            optax.chain(optax.trace(decay=mom), optax.scale_by_learning_rate(lr)))
+
+
+class LearnableAdam(LearnedOptimizer):
+    """Adam with learned lr, β1, β2, ε: theta = {"log_lr", "logit_b1", "logit_b2", "log_eps"}."""
+
+    def __init__(self, learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
+        self.learning_rate, self.b1, self.b2, self.eps = float(learning_rate), float(b1), float(b2), float(eps)
+
+    def config(self) -> dict:
+        return {"learning_rate": self.learning_rate, "b1": self.b1, "b2": self.b2, "eps": self.eps}
+
+    def init(self, key: jax.Array) -> dict:
+        del key
+        return {"log_lr": _scalar(math.log(self.learning_rate)), "logit_b1": _scalar(_logit(self.b1)),
+                "logit_b2": _scalar(_logit(self.b2)), "log_eps": _scalar(math.log(self.eps))}
+
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False):
+        del num_steps, is_training
+        return optax.with_extra_args_support(optax.adam(
+            learning_rate=jnp.exp(theta["log_lr"]), b1=jax.nn.sigmoid(theta["logit_b1"]),
+            b2=jax.nn.sigmoid(theta["logit_b2"]), eps=jnp.exp(theta["log_eps"])))

@@ -1,0 +1,20 @@
+"""Meta-training: truncation schedules, unrolled systems, gradient estimators, learner, outer loop."""
+from outer_trainers.evaluation import compare_optimizers, format_comparison, make_task_trainer
+from outer_trainers.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.gradient_learner import GradientLearner, LearnerState
+from outer_trainers.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
+from outer_trainers.outer_train import OuterTrainState, init_outer_state, outer_step, outer_train
+from outer_trainers.truncated_es import TruncatedES
+from outer_trainers.truncated_pes import TruncatedPES
+from outer_trainers.truncated_step import StepOut, TruncatedStep
+from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
+                                                NeverEndingTruncationSchedule, TruncationSchedule,
+                                                TruncationState)
+
+__all__ = [
+    "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
+    "NeverEndingTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
+    "GradientEstimator", "Estimate", "TruncatedES", "TruncatedPES", "GradientLearner", "LearnerState",
+    "OuterTrainState", "outer_train", "outer_step", "init_outer_state",
+    "compare_optimizers", "format_comparison", "make_task_trainer",
+]

@@ -1,0 +1,100 @@
+"""Training sampled tasks with any optax optimizer, to compare learned optimizers with baselines.
+
+    curves = train_tasks(family, make_tx, tx_args, cfgs, key, num_steps)
+
+trains every task cfg (vmapped) for `num_steps` with `make_tx(tx_args)` (tx_args traced, so an
+lr grid or a new theta reuses one compiled program) and returns per-step train losses
+[num_tasks, num_steps] and the final loss on `eval_split` [num_tasks].
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from tasks.base import TaskFamily
+
+MakeTx = Callable[[Any], optax.GradientTransformation]
+
+
+def _eval_loss(task, params, model_state, data, key, split, num_batches):
+    if data is None:
+        return task.loss_with_state(params, model_state, key, None)[0]
+    keys = jax.random.split(key, num_batches)
+    return jnp.mean(jax.vmap(lambda k: task.loss_with_state(params, model_state, k, data.batch(k, split))[0])(keys))
+
+
+def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, eval_split: str = "test",
+                      eval_batches: int = 8):
+    """A jitted fn(tx_args, cfgs, key, data) -> (train_losses [T, S], eval_losses [T])."""
+
+    def train_one(tx_args, cfg, key, data):
+        task = family.task_fn(cfg)
+        tx = make_tx(tx_args)
+        k_init, k_train, k_eval = jax.random.split(key, 3)
+        params, model_state = task.init_with_state(k_init)
+        opt_state = tx.init(params)
+
+        def body(carry, k):
+            params, model_state, opt_state = carry
+            k_data, k_loss = jax.random.split(k)
+            batch = data.batch(k_data, "train") if data is not None else None
+            (loss, model_state), grads = jax.value_and_grad(task.loss_with_state, has_aux=True)(
+                params, model_state, k_loss, batch)
+            updates, opt_state = tx.update(grads, opt_state, params, loss=loss) \
+                if isinstance(tx, optax.GradientTransformationExtraArgs) else tx.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), model_state, opt_state), loss
+
+        (params, model_state, _), losses = jax.lax.scan(body, (params, model_state, opt_state),
+                                                         jax.random.split(k_train, num_steps))
+        return losses, _eval_loss(task, params, model_state, data, k_eval, eval_split, eval_batches)
+
+    return jax.jit(jax.vmap(train_one, in_axes=(None, 0, 0, None)))
+
+
+def sample_cfgs(family: TaskFamily, key: jax.Array, num_tasks: int) -> Any:
+    return jax.vmap(family.sample)(jax.random.split(key, num_tasks))
+
+
+def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, num_tasks: int, num_steps: int,
+                       key: jax.Array, adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2),
+                       eval_split: str = "test") -> dict:
+    """Learned optimizer vs Adam (each lr of the grid) on `num_tasks` held-out tasks of `family`.
+
+    Returns {name: {"final_train": mean of the last 10% of train losses, "eval": mean eval loss,
+    "curve": mean train loss per step}} for "learned" and "adam(lr=...)", plus "best_adam".
+    """
+    k_cfg, k_run = jax.random.split(key)
+    cfgs = sample_cfgs(family, k_cfg, num_tasks)
+    run_keys = jax.random.split(k_run, num_tasks)
+    tail = max(1, num_steps // 10)
+    results = {}
+
+    def summarize(losses, evals):
+        losses, evals = np.asarray(losses), np.asarray(evals)
+        return {"final_train": float(np.mean(losses[:, -tail:])), "eval": float(np.mean(evals)),
+                "curve": losses.mean(0).tolist()}
+
+    learned = make_task_trainer(family, learned_tx, num_steps, eval_split=eval_split)
+    results["learned"] = summarize(*learned(theta, cfgs, run_keys, family.data))
+    adam = make_task_trainer(family, lambda lr: optax.adam(lr), num_steps, eval_split=eval_split)
+    for lr in adam_lrs:
+        results[f"adam(lr={lr:g})"] = summarize(*adam(jnp.asarray(lr, jnp.float32), cfgs, run_keys, family.data))
+    adam_names = [k for k in results if k.startswith("adam")]
+    best = min(adam_names, key=lambda k: results[k]["final_train"] if np.isfinite(results[k]["final_train"]) else np.inf)
+    results["best_adam"] = best
+    return results
+
+
+def format_comparison(results: dict, num_steps: int) -> str:
+    """A Markdown table of `compare_optimizers` results."""
+    lines = [f"| optimizer ({num_steps} inner steps) | final train loss | eval loss |", "|---|---|---|"]
+    for name, r in results.items():
+        if name == "best_adam":
+            continue
+        mark = " (best Adam)" if name == results["best_adam"] else ""
+        lines.append(f"| {name}{mark} | {r['final_train']:.4f} | {r['eval']:.4f} |")
+    return "\n".join(lines)

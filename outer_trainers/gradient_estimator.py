@@ -1,0 +1,67 @@
+"""GradientEstimator: turns unrolls of a TruncatedStep into meta-gradient estimates.
+
+    est_state = est.init_state(theta, key)
+    est_state, estimate = est.estimate(theta, est_state, key)     # Estimate(grad, loss, metrics)
+
+Each estimator jits its `init_state` and `estimate` once, at construction: a second call with
+the same shapes reuses the compiled program.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from outer_trainers.truncated_step import TruncatedStep
+
+
+@struct.dataclass
+class Estimate:
+    grad: Any  # theta-shaped meta-gradient estimate
+    loss: jax.Array  # float32 []: mean meta-loss of the unroll(s) behind the estimate
+    metrics: dict = struct.field(default_factory=dict)
+
+
+class GradientEstimator:
+    """Base class: subclasses implement `_init_state(theta, key, outer_state, data)` and
+    `_estimate(theta, state, key, outer_state, data)`; this class jits them once."""
+
+    truncated_step: TruncatedStep
+    name: str = "estimator"
+
+    def __init__(self, truncated_step: TruncatedStep):
+        if not isinstance(truncated_step, TruncatedStep):
+            raise TypeError(f"estimators need a outer_trainers.TruncatedStep, got {type(truncated_step).__name__}")
+        self.truncated_step = truncated_step
+        self._jit_init = jax.jit(self._init_state)
+        self._jit_estimate = jax.jit(self._estimate)
+
+    @property
+    def inner_steps_per_estimate(self) -> int:
+        """Inner steps (over all particles) one `estimate` call takes, for throughput reports."""
+        return 0
+
+    def init_state(self, theta: Any, key: jax.Array, *, outer_state: Optional[Any] = None) -> Any:
+        return self._jit_init(theta, key, _outer(outer_state), self.truncated_step.data_args())
+
+    def estimate(self, theta: Any, state: Any, key: jax.Array, *,
+                 outer_state: Optional[Any] = None) -> tuple[Any, Estimate]:
+        return self._jit_estimate(theta, state, key, _outer(outer_state), self.truncated_step.data_args())
+
+    def _init_state(self, theta, key, outer_state, data):
+        raise NotImplementedError
+
+    def _estimate(self, theta, state, key, outer_state, data):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name})"
+
+
+def _outer(outer_state: Optional[Any]) -> Optional[Any]:
+    """Outer iteration as a traced int32 so a new value never recompiles."""
+    if outer_state is None or isinstance(outer_state, (int, float)):
+        return None if outer_state is None else jnp.asarray(outer_state, jnp.int32)
+    return outer_state

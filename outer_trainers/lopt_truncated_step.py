@@ -1,0 +1,108 @@
+"""LOptTruncatedStep: one inner training step of a sampled task by a learned optimizer.
+
+State per particle: the task cfg, params, model_state, optimizer state, the step within the
+episode and the truncation state. One step:
+
+    batch ~ data.batch(key, "train");  (ℓ, model_state), g = value_and_grad(task.loss_with_state)
+    updates, opt_state = lopt.opt_fn(θ).update(g, opt_state, params, loss=ℓ)
+    params ← params + updates
+    meta-loss = task.normalizer(ℓ)     (or the normalised loss on `meta_loss_split` after the update)
+
+When the truncation schedule says the episode is over — or the inner loss or the new params
+are non-finite — the particle resets to a freshly sampled task. A non-finite step is masked
+out of the estimate (`StepOut.mask`) and counted in `StepOut.metrics["nonfinite"]`.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from lopt.base import LearnedOptimizer
+from outer_trainers.truncated_step import StepOut, TruncatedStep, tree_where
+from outer_trainers.truncation_schedule import TruncationSchedule, TruncationState
+from tasks.base import TaskFamily
+
+
+@struct.dataclass
+class LOptInnerState:
+    task_cfg: Any
+    params: Any
+    model_state: Any
+    opt_state: Any
+    inner_step: jax.Array  # int32 []: steps taken in this episode
+    trunc_state: TruncationState
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)
+              if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+class LOptTruncatedStep(TruncatedStep):
+    """Trains tasks sampled from `task_family` with `learned_opt`, episodes set by `trunc_sched`."""
+
+    def __init__(self, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_sched: TruncationSchedule,
+                 meta_loss_split: Optional[str] = None):
+        if not isinstance(learned_opt, LearnedOptimizer):
+            raise TypeError(f"learned_opt must be a lopt.LearnedOptimizer, got {type(learned_opt).__name__}")
+        if not isinstance(trunc_sched, TruncationSchedule):
+            raise TypeError(f"trunc_sched must be a TruncationSchedule, got {type(trunc_sched).__name__}")
+        if meta_loss_split is not None and task_family.data is None:
+            raise ValueError(f"meta_loss_split={meta_loss_split!r} needs a task family with data; "
+                             f"{task_family.name} has none")
+        self.task_family = task_family
+        self.learned_opt = learned_opt
+        self.trunc_sched = trunc_sched
+        self.meta_loss_split = meta_loss_split
+
+    def data_args(self) -> Any:
+        return self.task_family.data
+
+    def _tx(self, theta, trunc_state):
+        return self.learned_opt.opt_fn(theta, num_steps=trunc_state.length, is_training=True)
+
+    def init(self, theta, key, *, outer_state=None, data=None, initial_offset=0) -> LOptInnerState:
+        """Fresh particle. `initial_offset` (traced int ok) starts it that many steps into its
+        first episode, which staggers the resets of particles."""
+        k_cfg, k_init, k_trunc = jax.random.split(key, 3)
+        cfg = self.task_family.sample(k_cfg)
+        task = self.task_family.task_fn(cfg)
+        params, model_state = task.init_with_state(k_init)
+        trunc_state = self.trunc_sched.init(k_trunc, outer_state)
+        opt_state = self._tx(theta, trunc_state).init(params)
+        offset = jnp.minimum(jnp.asarray(initial_offset, jnp.int32), trunc_state.length - 1)
+        return LOptInnerState(cfg, params, model_state, opt_state, offset, trunc_state)
+
+    def step(self, theta, state: LOptInnerState, key, *, outer_state=None, data=None):
+        k_data, k_loss, k_meta, k_trunc, k_reset = jax.random.split(key, 5)
+        data = self.task_family.data if data is None else data
+        task = self.task_family.task_fn(state.task_cfg)
+        batch = data.batch(k_data, "train") if data is not None else None
+
+        (loss, model_state), grads = jax.value_and_grad(task.loss_with_state, has_aux=True)(
+            state.params, state.model_state, k_loss, batch)
+        updates, opt_state = self._tx(theta, state.trunc_state).update(grads, state.opt_state, state.params,
+                                                                       loss=loss)
+        params = optax.apply_updates(state.params, updates)
+
+        if self.meta_loss_split is None:
+            meta_loss = task.normalizer(loss)
+        else:
+            meta_batch = data.batch(k_meta, self.meta_loss_split)
+            meta_loss = task.normalizer(task.loss_with_state(params, model_state, k_meta, meta_batch)[0])
+
+        inner_step = state.inner_step + 1
+        trunc_state, is_done = self.trunc_sched.next_state(state.trunc_state, inner_step, k_trunc, outer_state)
+        finite = jnp.isfinite(loss) & jnp.isfinite(meta_loss) & _all_finite(params)
+        is_done = is_done | ~finite
+        advanced = LOptInnerState(state.task_cfg, params, model_state, opt_state, inner_step, trunc_state)
+        fresh = self.init(theta, k_reset, outer_state=outer_state, data=data)
+        new_state = tree_where(is_done, fresh, advanced)
+        out = StepOut(loss=jnp.where(finite, meta_loss, 0.0), is_done=is_done, mask=finite,
+                      metrics={"nonfinite": (~finite).astype(jnp.int32), "inner_loss": jnp.where(finite, loss, 0.0)})
+        return new_state, out

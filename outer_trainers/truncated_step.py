@@ -1,0 +1,50 @@
+"""TruncatedStep: the unrolled system that gradient estimators differentiate, for ONE particle.
+
+    state = ts.init(theta, key, outer_state=None, data=None)
+    state, out = ts.step(theta, state, key, outer_state=None, data=None)   # out: StepOut
+
+`out.loss` is that step's meta-loss contribution and `out.is_done` says the particle's episode
+ended with this step (the returned state is then already reset). Estimators add the vmap over
+particles and the lax.scan over steps.
+
+`data_args()` returns the pytree of arrays (e.g. a DataSource) the step reads; estimators pass
+it into their jitted functions as an argument and hand it back as `data=`, so large datasets
+are never baked into compiled programs as constants.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class StepOut:
+    loss: jax.Array  # float32 []: meta-loss contribution of this step
+    is_done: jax.Array  # bool []: the episode ended with this step (state already reset)
+    mask: jax.Array = True  # bool []: False drops this step from estimates (e.g. non-finite)
+    metrics: dict = struct.field(default_factory=dict)
+
+
+class TruncatedStep:
+    def init(self, theta: Any, key: jax.Array, *, outer_state: Optional[Any] = None,
+             data: Optional[Any] = None) -> Any:
+        raise NotImplementedError
+
+    def step(self, theta: Any, state: Any, key: jax.Array, *, outer_state: Optional[Any] = None,
+             data: Optional[Any] = None) -> tuple[Any, StepOut]:
+        raise NotImplementedError
+
+    def data_args(self) -> Any:
+        """Arrays to pass into jit as `data=` (None if the step reads no data)."""
+        return None
+
+
+def tree_where(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+    """Leafwise jnp.where with a scalar (or leading-axis) predicate."""
+    def select(a, b):
+        p = jnp.reshape(pred, jnp.shape(pred) + (1,) * (jnp.ndim(a) - jnp.ndim(pred)))
+        return jnp.where(p, a, b)
+    return jax.tree_util.tree_map(select, on_true, on_false)

@@ -1,0 +1,80 @@
+"""Batched unrolls of a TruncatedStep: particles on a leading axis, steps in one lax.scan.
+
+Antithetic estimators stack the + and − particles on the particle axis ([+ ×N; − ×N]) so one
+vmapped step advances all 2N of them; each ± pair shares its step keys (same data, same
+resets), which is what makes their loss difference low-variance.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+
+from outer_trainers.truncated_step import StepOut, TruncatedStep
+
+
+def tree_stack_pm(theta: Any, eps: Any) -> Any:
+    """[θ + ε ; θ − ε] stacked on a new leading axis: eps [N, ...] -> [2N, ...]."""
+    return jax.tree_util.tree_map(lambda t, e: jnp.concatenate([t + e, t - e], axis=0), theta, eps)
+
+
+def sample_perturbations(theta: Any, key: jax.Array, num: int, std: float) -> Any:
+    """ε ~ N(0, std² I) shaped like theta with a leading [num] axis (float32)."""
+    leaves, treedef = jax.tree_util.tree_flatten(theta)
+    keys = jax.random.split(key, len(leaves))
+    eps = [std * jax.random.normal(k, (num,) + jnp.shape(x), jnp.result_type(x)) for k, x in zip(keys, leaves)]
+    return jax.tree_util.tree_unflatten(treedef, eps)
+
+
+def init_particles(ts: TruncatedStep, theta: Any, key: jax.Array, num: int, *, outer_state: Optional[Any] = None,
+                   data: Optional[Any] = None, max_offset: int = 0) -> Any:
+    """`num` fresh particles of `ts` with a shared theta; with `max_offset` > 0 each starts a
+    uniform-random number of steps in [0, max_offset] into its first episode (staggered resets)."""
+    k_init, k_off = jax.random.split(key)
+    keys = jax.random.split(k_init, num)
+    if max_offset <= 0:
+        return jax.vmap(lambda k: ts.init(theta, k, outer_state=outer_state, data=data))(keys)
+    offsets = jax.random.randint(k_off, (num,), 0, max_offset + 1)
+    try:
+        return jax.vmap(lambda k, o: ts.init(theta, k, outer_state=outer_state, data=data, initial_offset=o))(
+            keys, offsets)
+    except TypeError as e:
+        if "initial_offset" not in str(e):
+            raise
+        raise TypeError(f"{type(ts).__name__}.init takes no initial_offset, so random_initial_iteration_offset "
+                        f"cannot stagger it; set random_initial_iteration_offset=0") from e
+
+
+def tile(tree: Any, reps: int) -> Any:
+    """Repeats a batched tree `reps` times along its leading axis."""
+    return jax.tree_util.tree_map(lambda x: jnp.concatenate([x] * reps, axis=0), tree)
+
+
+def unroll(ts: TruncatedStep, thetas: Any, states: Any, key: jax.Array, num_steps: int, *,
+           theta_batched: bool = True, key_groups: int = 1, outer_state: Optional[Any] = None,
+           data: Optional[Any] = None) -> tuple[Any, StepOut]:
+    """Runs `num_steps` steps of all P particles (vmap over particles, scan over steps).
+
+    thetas: [P, ...] if `theta_batched` else one theta shared by all particles.
+    key_groups: particles i, i + P/g, i + 2P/g, ... share step keys (2 for ± pairs).
+    Returns the final states and StepOut with leaves [num_steps, P].
+    """
+    num = jax.tree_util.tree_leaves(states)[0].shape[0]
+    if num % key_groups:
+        raise ValueError(f"{num} particles do not split into {key_groups} key groups")
+    step = lambda th, s, k: ts.step(th, s, k, outer_state=outer_state, data=data)
+    vstep = jax.vmap(step, in_axes=(0 if theta_batched else None, 0, 0))
+
+    def body(carry, k):
+        keys = jax.random.split(k, num // key_groups)
+        if key_groups > 1:
+            keys = jnp.concatenate([keys] * key_groups, axis=0)
+        return vstep(thetas, carry, keys)
+
+    return jax.lax.scan(body, states, jax.random.split(key, num_steps))
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    m = mask.astype(x.dtype)
+    return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)

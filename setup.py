@@ -1,0 +1,34 @@
+"""Distribution "lopt": learned optimizers, their meta-training, and the tasks they train on."""
+from setuptools import setup
+
+setup(
+    name="lopt",
+    version="0.1.0",
+    description="Meta-train learned optimizers in JAX and use them as optax transforms.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=[
+        "lopt",
+        "outer_trainers",
+        "outer_trainers.examples",
+        "tasks",
+        "tasks.datasets",
+    ],
+    install_requires=[
+        "jax>=0.6.0",
+        "jaxlib>=0.6.0",
+        "dm-haiku>=0.0.13",
+        "flax>=0.10.0",
+        "optax>=0.2.4",
+        "gin-config>=0.5.0",
+        "numpy>=1.26",
+        "chex>=0.1.88",
+        "scikit-learn>=1.3",
+        "tqdm>=4.66",
+        "msgpack>=1.0",
+    ],
+    extras_require={
+        "test": ["pytest>=7.4", "pytest-timeout>=2.2"],
+    },
+)

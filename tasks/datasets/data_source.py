@@ -1,0 +1,107 @@
+"""DataSource: a dataset held on the device, batched inside jit.
+
+A DataSource is a pytree (a `flax.struct.dataclass`) whose leaves are the split arrays, so a
+jitted function receives it as an argument — the arrays are never baked into the compiled
+program as constants — and draws batches without a host round-trip:
+
+    batch = data.batch(key, "train")   # {"image": [B, ...], "label": [B]}, same key -> same batch
+
+Splits are disjoint subsets of the examples: train, inner_valid, outer_valid, test.
+Batches are drawn uniformly with replacement from the split.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+SPLITS = ("train", "inner_valid", "outer_valid", "test")
+
+
+@struct.dataclass
+class DataSource:
+    """Device-resident splits. `splits[name]` is a pytree of arrays with a leading example axis."""
+
+    splits: Mapping[str, Any]
+    batch_size: int = struct.field(pytree_node=False)
+    name: str = struct.field(pytree_node=False, default="data")
+    num_classes: Optional[int] = struct.field(pytree_node=False, default=None)
+
+    def batch(self, key: jax.Array, split: str = "train") -> Any:
+        """Draws `batch_size` examples of `split` with replacement. Jittable."""
+        if split not in self.splits:
+            raise KeyError(f"DataSource {self.name!r} has no split {split!r}; it has {sorted(self.splits)}")
+        arrays = self.splits[split]
+        n = self.num_examples(split)
+        idx = jax.random.randint(key, (self.batch_size,), 0, n)
+        return jax.tree_util.tree_map(lambda a: jnp.take(a, idx, axis=0), arrays)
+
+    def num_examples(self, split: str) -> int:
+        return int(jax.tree_util.tree_leaves(self.splits[split])[0].shape[0])
+
+    def with_batch_size(self, batch_size: int) -> "DataSource":
+        return self.replace(batch_size=int(batch_size))
+
+    def element_spec(self, split: str = "train") -> Any:
+        """Shapes/dtypes of one batch, as jax.ShapeDtypeStruct leaves."""
+        return jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct((self.batch_size,) + tuple(a.shape[1:]), a.dtype), self.splits[split]
+        )
+
+
+def split_fractions_to_counts(n: int, fractions: Sequence[float]) -> list[int]:
+    if len(fractions) != len(SPLITS):
+        raise ValueError(f"need one fraction per split {SPLITS}, got {fractions}")
+    if any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:
+        raise ValueError(f"split fractions must be non-negative and sum to 1, got {fractions}")
+    counts = [int(np.floor(f * n)) for f in fractions]
+    counts[0] += n - sum(counts)  # the remainder goes to train
+    if any(c == 0 for c, f in zip(counts, fractions) if f > 0):
+        raise ValueError(f"{n} examples are too few for split fractions {fractions}")
+    return counts
+
+
+def from_arrays(
+    arrays: Mapping[str, np.ndarray],
+    batch_size: int,
+    *,
+    fractions: Sequence[float] = (0.6, 0.1, 0.1, 0.2),
+    seed: int = 0,
+    name: str = "data",
+    presplit: Optional[Mapping[str, Mapping[str, np.ndarray]]] = None,
+) -> DataSource:
+    """Builds a DataSource by a seeded, disjoint shuffle-split of `arrays` (all of length N).
+
+    With `presplit` (e.g. a dataset's official test set), `presplit[name]` is used as that
+    split verbatim and the remaining fractions are renormalised over `arrays`.
+    """
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    lengths = {k: v.shape[0] for k, v in arrays.items()}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"all arrays need the same number of examples, got {lengths}")
+    n = next(iter(lengths.values()))
+    presplit = dict(presplit or {})
+    unknown = set(presplit) - set(SPLITS)
+    if unknown:
+        raise ValueError(f"unknown split names {sorted(unknown)}; splits are {SPLITS}")
+    fr = [0.0 if s in presplit else f for s, f in zip(SPLITS, fractions)]
+    total = sum(fr)
+    fr = [f / total for f in fr]
+    counts = split_fractions_to_counts(n, fr)
+    perm = np.random.default_rng(seed).permutation(n)
+    splits, start = {}, 0
+    for s, c in zip(SPLITS, counts):
+        if s in presplit:
+            splits[s] = {k: jnp.asarray(np.asarray(v)) for k, v in presplit[s].items()}
+            continue
+        idx = perm[start : start + c]
+        start += c
+        splits[s] = {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
+    num_classes = None
+    if "label" in arrays and np.issubdtype(arrays["label"].dtype, np.integer):
+        all_labels = [arrays["label"]] + [np.asarray(p["label"]) for p in presplit.values() if "label" in p]
+        num_classes = int(max(int(l.max()) for l in all_labels if l.size)) + 1
+    return DataSource(splits=splits, batch_size=int(batch_size), name=name, num_classes=num_classes)
