@@ -28,7 +28,7 @@ class LearnerState:
 
 
 def tree_norm(tree: Any) -> jax.Array:
-    return optax.global_norm(tree)
+    return optax.tree.norm(tree)
 
 
 def _finite(est: Estimate) -> jax.Array:
