@@ -65,5 +65,5 @@ def test_outer_train_continues_from_state(quad_setup):
 
 def test_outer_train_needs_estimators(quad_setup):
     lo, _ = quad_setup
-    with pytest.raises(ValueError, match="estimator"):
+    with pytest.raises(ValueError, match="GradientEstimator"):
         ot.outer_train(ot.GradientLearner(lo, optax.adam(0.1)), [], num_steps=1)
