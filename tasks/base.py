@@ -117,6 +117,17 @@ def classification_normalizer(num_classes: int, max_value: float = 1.5) -> Calla
     return normalize
 
 
+def scaled_normalizer(scale, max_value: float = 10.0) -> Callable[[jax.Array], jax.Array]:
+    """loss / scale, clipped to `max_value`; non-finite -> `max_value`. `scale` may be traced
+    (e.g. a task's expected initial loss), so an untrained task scores ~1."""
+
+    def normalize(loss):
+        x = loss / scale
+        return jnp.where(jnp.isfinite(x), jnp.minimum(x, max_value), max_value)
+
+    return normalize
+
+
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     """Mean cross-entropy of integer `labels` [B] under `logits` [B, C]."""
     logp = jax.nn.log_softmax(logits)

@@ -4,7 +4,9 @@ Task loss (x ∈ R^dim, curvature h > 0, centre c, optional gradient noise z ~ N
 
     L(x) = 0.5 · mean_i h_i (x_i − c_i)²  +  noise_std · mean_i z_i x_i
 
-The noise term has zero mean, so E[∇L] is the noiseless gradient.
+The noise term has zero mean, so E[∇L] is the noiseless gradient. With x ~ N(0, s²I) at
+init, E[L] = 0.5 · mean_i h_i (s² + c_i²); the normaliser divides by it (an untrained task ~1).
+Batched-data quadratics (least squares on a DataSource) live in `tasks.regression`.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tasks.base import Task, TaskFamily
+from tasks.base import Task, TaskFamily, scaled_normalizer
 
 
 class QuadraticTask(Task):
@@ -30,6 +32,8 @@ class QuadraticTask(Task):
         self.init_scale = init_scale
         self.noise_std = float(noise_std)
         self.name = name
+        expected_init_loss = 0.5 * jnp.mean(self.curvature * (init_scale ** 2 + jnp.square(self.center)))
+        self.normalizer = scaled_normalizer(jnp.maximum(expected_init_loss, 1e-8))
 
     def init(self, key: jax.Array) -> dict:
         return {"x": self.init_scale * jax.random.normal(key, (self.dim,), jnp.float32)}

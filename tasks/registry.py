@@ -1,6 +1,15 @@
-"""Datasets by name, so tasks and gin configs can say dataset="digits"."""
+"""Datasets by name, so tasks and gin configs can say dataset="digits".
+
+Built-in names (loaded lazily: nothing touches the disk until `get_dataset`):
+  digits                       scikit-learn's 8x8 digits (bundled, no files)
+  signals1d                    procedural 1-D signals (no files)
+  mnist, fashion_mnist         IDX files, 28x28x1; `_14` / `_7` suffixes: mean-pooled 14x14 / 7x7
+  cifar10                      binary batches, 32x32x3; `cifar10_16`, `cifar10_8`: pooled
+Path names: "npz:/path/data.npz" (`load_npz`), "text:/path/file.txt" (`byte_sequences`, seq_len 64).
+"""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from tasks.datasets.data_source import DataSource
@@ -19,20 +28,47 @@ def dataset_names() -> list[str]:
     return sorted(_DATASETS)
 
 
+def _path_factory(name: str):
+    kind, _, path = name.partition(":")
+    if kind == "npz":
+        from tasks.datasets.npz import load_npz
+        return functools.partial(load_npz, path)
+    if kind == "text":
+        from tasks.datasets.text import byte_sequences
+        return functools.partial(byte_sequences, path)
+    return None
+
+
 def get_dataset(name: str, batch_size: int) -> DataSource:
     """The named dataset with this batch size; loaded once per process and shared."""
     _ensure_builtins()
-    if name not in _DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; registered datasets: {sorted(_DATASETS)}")
+    factory = _DATASETS.get(name) or _path_factory(name)
+    if factory is None:
+        raise ValueError(f"unknown dataset {name!r}; registered datasets: {sorted(_DATASETS)} "
+                         f"(or 'npz:PATH', 'text:PATH')")
     key = (name, int(batch_size))
     if key not in _CACHE:
         base = next((v for (n, _), v in _CACHE.items() if n == name), None)
-        _CACHE[key] = base.with_batch_size(batch_size) if base is not None else _DATASETS[name](batch_size=batch_size)
+        _CACHE[key] = base.with_batch_size(batch_size) if base is not None else factory(batch_size=batch_size)
     return _CACHE[key]
 
 
-def _ensure_builtins() -> None:
-    if "digits" not in _DATASETS:
-        from tasks.datasets.digits import digits
+def _lazy(module: str, fn: str, **kwargs) -> Callable[..., DataSource]:
+    def factory(batch_size: int) -> DataSource:
+        import importlib
+        return getattr(importlib.import_module(module), fn)(batch_size, **kwargs)
+    return factory
 
-        register_dataset("digits", digits)
+
+def _ensure_builtins() -> None:
+    if "digits" in _DATASETS:
+        return
+    register_dataset("digits", _lazy("tasks.datasets.digits", "digits"))
+    register_dataset("signals1d", _lazy("tasks.datasets.signals", "signals1d"))
+    for name in ("mnist", "fashion_mnist"):
+        register_dataset(name, _lazy("tasks.datasets.image_files", name))
+        register_dataset(f"{name}_14", _lazy("tasks.datasets.image_files", name, downsample_factor=2))
+        register_dataset(f"{name}_7", _lazy("tasks.datasets.image_files", name, downsample_factor=4))
+    register_dataset("cifar10", _lazy("tasks.datasets.image_files", "cifar10"))
+    register_dataset("cifar10_16", _lazy("tasks.datasets.image_files", "cifar10", downsample_factor=2))
+    register_dataset("cifar10_8", _lazy("tasks.datasets.image_files", "cifar10", downsample_factor=4))

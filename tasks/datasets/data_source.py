@@ -105,3 +105,10 @@ def from_arrays(
         all_labels = [arrays["label"]] + [np.asarray(p["label"]) for p in presplit.values() if "label" in p]
         num_classes = int(max(int(l.max()) for l in all_labels if l.size)) + 1
     return DataSource(splits=splits, batch_size=int(batch_size), name=name, num_classes=num_classes)
+
+
+def as_float_images(images: jax.Array) -> jax.Array:
+    """uint8 images in [0, 255] -> float32 in [0, 1]; float images pass through as float32."""
+    if jnp.issubdtype(images.dtype, jnp.integer):
+        return images.astype(jnp.float32) / 255.0
+    return images.astype(jnp.float32)
