@@ -68,7 +68,8 @@ def sample_quadratic(seed: Seed) -> QuadraticFamily:
     """dim in {2, 10, 50, 100}, max curvature in {1, 10, 100}, gradient noise in {0, 0.1, 1}."""
     rng = host_rng(seed)
     return QuadraticFamily(_pick(rng, (2, 10, 50, 100)), min_curvature=0.1,
-                           max_curvature=_pick(rng, (1.0, 10.0, 100.0)), noise_std=_pick(rng, (0.0, 0.1, 1.0)))
+                           max_curvature=_pick(rng, (1.0, 10.0, 100.0)), noise_std=_pick(rng, (0.0, 0.1, 1.0)),
+                           normalize=True)
 
 
 def sample_linear_regression(seed: Seed) -> LinearRegressionFamily:

@@ -72,7 +72,7 @@ class Function2DFamily(TaskFamily):
     """One 2-D function with the start point jittered per task: `sample(key)` -> {"offset": [2]}
     with offset ~ U(−spread, spread)²."""
 
-    def __init__(self, function: str = "rosenbrock", *, spread: float = 0.3):
+    def __init__(self, function: str = "rosenbrock", *, spread: float = 0.1):
         if function not in FUNCTIONS:
             raise ValueError(f"unknown function {function!r}; choose from {sorted(FUNCTIONS)}")
         self.function, self.spread = function, float(spread)

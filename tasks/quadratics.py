@@ -5,7 +5,8 @@ Task loss (x ∈ R^dim, curvature h > 0, centre c, optional gradient noise z ~ N
     L(x) = 0.5 · mean_i h_i (x_i − c_i)²  +  noise_std · mean_i z_i x_i
 
 The noise term has zero mean, so E[∇L] is the noiseless gradient. With x ~ N(0, s²I) at
-init, E[L] = 0.5 · mean_i h_i (s² + c_i²); the normaliser divides by it (an untrained task ~1).
+init, E[L] = 0.5 · mean_i h_i (s² + c_i²); with `normalize=True` the normaliser divides by it
+(an untrained task scores ~1). The default keeps the identity normaliser (meta-loss = raw loss).
 Batched-data quadratics (least squares on a DataSource) live in `tasks.regression`.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ class QuadraticTask(Task):
     """One quadratic; `curvature` and `center` may be traced arrays of shape [dim]."""
 
     def __init__(self, curvature: Any, center: Any, *, init_scale: float = 1.0, noise_std: float = 0.0,
-                 name: str = "quadratic"):
+                 normalize: bool = False, name: str = "quadratic"):
         self.curvature = jnp.asarray(curvature, jnp.float32)
         self.center = jnp.asarray(center, jnp.float32)
         if self.curvature.ndim != 1 or self.curvature.shape != self.center.shape:
@@ -32,8 +33,9 @@ class QuadraticTask(Task):
         self.init_scale = init_scale
         self.noise_std = float(noise_std)
         self.name = name
-        expected_init_loss = 0.5 * jnp.mean(self.curvature * (init_scale ** 2 + jnp.square(self.center)))
-        self.normalizer = scaled_normalizer(jnp.maximum(expected_init_loss, 1e-8))
+        if normalize:
+            expected_init_loss = 0.5 * jnp.mean(self.curvature * (init_scale ** 2 + jnp.square(self.center)))
+            self.normalizer = scaled_normalizer(jnp.maximum(expected_init_loss, 1e-8))
 
     def init(self, key: jax.Array) -> dict:
         return {"x": self.init_scale * jax.random.normal(key, (self.dim,), jnp.float32)}
@@ -57,7 +59,7 @@ class QuadraticFamily(TaskFamily):
     """
 
     def __init__(self, dim: int = 10, *, min_curvature: float = 0.1, max_curvature: float = 10.0,
-                 noise_std: float = 0.0, init_scale: float = 1.0):
+                 noise_std: float = 0.0, init_scale: float = 1.0, normalize: bool = False):
         if dim < 1:
             raise ValueError(f"QuadraticFamily dim must be >= 1, got {dim}")
         if not 0 < min_curvature <= max_curvature:
@@ -67,6 +69,7 @@ class QuadraticFamily(TaskFamily):
         self.max_curvature = float(max_curvature)
         self.noise_std = float(noise_std)
         self.init_scale = float(init_scale)
+        self.normalize = bool(normalize)
         self.name = f"quadratic_dim{dim}"
         self.data = None
 
@@ -78,4 +81,4 @@ class QuadraticFamily(TaskFamily):
 
     def task_fn(self, cfg: dict) -> QuadraticTask:
         return QuadraticTask(cfg["curvature"], cfg["center"], init_scale=self.init_scale,
-                             noise_std=self.noise_std, name=self.name)
+                             noise_std=self.noise_std, normalize=self.normalize, name=self.name)
