@@ -13,8 +13,13 @@ hidden -> (d, m) and the update is
 
     Δp = −d · exp(m · exp_mult) · step_mult.
 
-The step embedding is constant over a tensor, so its first-layer contribution is computed
-once per update and added as a bias (the per-parameter matmul is F wide, not F + T).
+Speed (CPU): the step embedding (and, with `use_num_steps`, the progress features) is
+constant over a tensor, so its first-layer contribution is computed once per update and added
+as a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS normalisation is
+folded into the first layer's rows, W1' = diag(1/rms) W1, so the [N, F] features are written
+once and never rescaled. The MLP runs over blocks of `chunk_size` parameters (`lax.map`), so
+its [chunk, hidden] activations stay in cache instead of streaming N×hidden floats through
+memory per layer (~3× faster at 1M parameters on a 2-core CPU). Theta is unchanged by these.
 """
 from __future__ import annotations
 
@@ -24,10 +29,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lopt import features as ft
+from lopt.adafac_mlp_lopt import first_layer_init, shared_bias
 from lopt.base import LearnedOptimizer
+from lopt.features import TIMESCALES, step_embedding  # noqa: F401  (re-exported)
+from lopt.nn import dense_init
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
-TIMESCALES = (1, 3, 10, 30, 100, 300, 1000, 3000, 10000, 30000, 100000)
+CHUNK = 16384
 
 
 class MLPLOptState(NamedTuple):
@@ -41,15 +50,16 @@ def rms_normalize(x: jax.Array, axes: Sequence[int], eps: float = 1e-8) -> jax.A
     return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=tuple(axes), keepdims=True) + eps)
 
 
-def step_embedding(iteration: jax.Array, timescales: Sequence[float]) -> jax.Array:
-    """tanh(t/τ − 1) for each τ: [T] float32."""
-    t = jnp.asarray(iteration, jnp.float32)
-    return jnp.tanh(t / jnp.asarray(timescales, jnp.float32) - 1.0)
-
-
-def _dense_init(key: jax.Array, fan_in: int, fan_out: int) -> dict:
-    w = jax.random.normal(key, (fan_in, fan_out), jnp.float32) / jnp.sqrt(fan_in)
-    return {"w": w, "b": jnp.zeros((fan_out,), jnp.float32)}
+def chunked_apply(fn, x: jax.Array, chunk: int) -> jax.Array:
+    """fn over the rows of x [N, F] in blocks of `chunk` rows (lax.map; the N % chunk rows
+    left over go in one extra call). fn maps [n, F] -> [n, O]."""
+    n = x.shape[0]
+    main = (n // chunk) * chunk
+    if main == 0:
+        return fn(x)
+    out = jax.lax.map(fn, x[:main].reshape(n // chunk, chunk, x.shape[1]))
+    out = out.reshape(main, out.shape[-1])
+    return out if main == n else jnp.concatenate([out, fn(x[main:])], axis=0)
 
 
 class MLPLOpt(LearnedOptimizer):
@@ -57,7 +67,8 @@ class MLPLOpt(LearnedOptimizer):
 
     def __init__(self, hidden_size: int = 32, hidden_layers: int = 2, decays: Sequence[float] = DECAYS,
                  rms_decay: float = 0.999, step_mult: float = 1e-3, exp_mult: float = 1e-3,
-                 timescales: Sequence[float] = TIMESCALES):
+                 timescales: Sequence[float] = TIMESCALES, use_num_steps: bool = False,
+                 chunk_size: int = CHUNK):
         if hidden_layers < 1 or hidden_size < 1:
             raise ValueError(f"MLPLOpt needs hidden_layers >= 1 and hidden_size >= 1, got {hidden_layers}, {hidden_size}")
         self.hidden_size = int(hidden_size)
@@ -67,6 +78,8 @@ class MLPLOpt(LearnedOptimizer):
         self.step_mult = float(step_mult)
         self.exp_mult = float(exp_mult)
         self.timescales = tuple(float(t) for t in timescales)
+        self.use_num_steps = bool(use_num_steps)
+        self.chunk_size = int(chunk_size)
         self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
 
     @property
@@ -76,21 +89,22 @@ class MLPLOpt(LearnedOptimizer):
     def config(self) -> dict:
         return dict(hidden_size=self.hidden_size, hidden_layers=self.hidden_layers, decays=list(self.decays),
                     rms_decay=self.rms_decay, step_mult=self.step_mult, exp_mult=self.exp_mult,
-                    timescales=list(self.timescales))
+                    timescales=list(self.timescales), use_num_steps=self.use_num_steps,
+                    chunk_size=self.chunk_size)
 
     def init(self, key: jax.Array) -> dict:
         keys = jax.random.split(key, self.hidden_layers + 2)
-        f, t, h = self.num_features, len(self.timescales), self.hidden_size
-        first = _dense_init(keys[0], f + t, h)
-        theta = {"input": {"w": first["w"][:f], "w_time": first["w"][f:], "b": first["b"]}}
+        h = self.hidden_size
+        theta = {"input": first_layer_init(keys[0], self.num_features, len(self.timescales),
+                                           ft.NUM_PROGRESS if self.use_num_steps else 0, h)}
         for i in range(1, self.hidden_layers):
-            theta[f"hidden_{i}"] = _dense_init(keys[i], h, h)
-        theta["output"] = _dense_init(keys[-1], h, 2)
+            theta[f"hidden_{i}"] = dense_init(keys[i], h, h)
+        theta["output"] = dense_init(keys[-1], h, 2)
         return theta
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
-        del num_steps, is_training
+        del is_training
         decays = jnp.asarray(self.decays, jnp.float32)
         mom_idx, nfeat = self._mom_idx, self.num_features
 
@@ -102,40 +116,38 @@ class MLPLOpt(LearnedOptimizer):
                 iteration=jnp.zeros((), jnp.int32),
             )
 
-        def mlp(feats, first_bias):
-            x = jax.nn.relu(feats @ theta["input"]["w"] + first_bias)
+        def mlp(w1, b1, x):
+            x = jax.nn.relu(x @ w1 + b1)
             for i in range(1, self.hidden_layers):
                 layer = theta[f"hidden_{i}"]
                 x = jax.nn.relu(x @ layer["w"] + layer["b"])
-            out = x @ theta["output"]["w"] + theta["output"]["b"]
-            return out[..., 0], out[..., 1]
+            return x @ theta["output"]["w"] + theta["output"]["b"]
 
         def update_leaf(g, p, m, v, first_bias):
             if jnp.size(p) == 0:
                 return jnp.zeros_like(p), m, v
-            g32, p32 = g.astype(jnp.float32), p.astype(jnp.float32)
-            m = decays * m + (1.0 - decays) * g32[..., None]
-            v = self.rms_decay * v + (1.0 - self.rms_decay) * jnp.square(g32)
+            g32, p32 = g.astype(jnp.float32).reshape(-1), p.astype(jnp.float32).reshape(-1)
+            m = decays * m.reshape(-1, len(self.decays)) + (1.0 - decays) * g32[:, None]
+            v = self.rms_decay * v.reshape(-1) + (1.0 - self.rms_decay) * jnp.square(g32)
             rsqrt_v = jax.lax.rsqrt(v + 1e-8)
             feats = jnp.concatenate(
-                [g32[..., None], p32[..., None], m,
-                 jnp.stack([jnp.sqrt(v), g32 * rsqrt_v, m[..., mom_idx] * rsqrt_v], axis=-1)], axis=-1)
-            feats = rms_normalize(feats, range(feats.ndim - 1))
+                [g32[:, None], p32[:, None], m,
+                 jnp.stack([jnp.sqrt(v), g32 * rsqrt_v, m[:, mom_idx] * rsqrt_v], axis=-1)], axis=-1)  # [N, F]
             assert feats.shape[-1] == nfeat
-            d, mag = mlp(feats, first_bias)
-            step = d * jnp.exp(mag * self.exp_mult) * self.step_mult
-            return (-step).astype(p.dtype), m, v
+            # rms_normalize(feats) @ W1 == feats @ (W1 / rms[:, None])
+            w1 = theta["input"]["w"] * jax.lax.rsqrt(jnp.mean(jnp.square(feats), axis=0) + 1e-8)[:, None]
+            out = chunked_apply(lambda x: mlp(w1, first_bias, x), feats, self.chunk_size)
+            step = out[:, 0] * jnp.exp(out[:, 1] * self.exp_mult) * self.step_mult
+            return ((-step).reshape(jnp.shape(p)).astype(p.dtype), m.reshape(jnp.shape(p) + (len(self.decays),)),
+                    v.reshape(jnp.shape(p)))
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args
             if params is None:
                 raise ValueError("MLPLOpt needs params: call tx.update(grads, state, params)")
-            emb = step_embedding(state.iteration, self.timescales)
-            first_bias = theta["input"]["b"] + emb @ theta["input"]["w_time"]
-            treedef = jax.tree_util.tree_structure(updates)
-            leaves = [update_leaf(g, p, m, v, first_bias) for g, p, m, v in zip(
-                treedef.flatten_up_to(updates), treedef.flatten_up_to(params),
-                treedef.flatten_up_to(state.momenta), treedef.flatten_up_to(state.second_moment))]
+            first_bias = shared_bias(theta["input"], state.iteration, self.timescales, num_steps)
+            treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
+            leaves = [update_leaf(g, p, m, v, first_bias) for g, p, m, v in zip(gs, ps, ms, vs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, MLPLOptState(momenta, second, state.iteration + 1)
 
