@@ -1,11 +1,17 @@
 """Learned optimizers, hand-designed baselines with learnable hyper-parameters, optax interop."""
+from lopt.adafac_mlp_lopt import AdafacMLPLOpt, AdafacState
 from lopt.base import LearnedOptimizer, architecture, architectures
+from lopt.hyper_lopt import HyperLOpt, HyperLOptState
 from lopt.learnable_hparams import LearnableAdam, LearnableSGD, LearnableSGDM
 from lopt.mlp_lopt import MLPLOpt, MLPLOptState
+from lopt.nn_adam import NNAdam, NNAdamState
+from lopt.rnn_mlp_lopt import RNNMLPLOpt, RNNMLPLOptState
 from lopt.serialization import load_learned_optimizer, load_optimizer, load_theta, save_theta
 
 __all__ = [
     "LearnedOptimizer", "architecture", "architectures",
-    "MLPLOpt", "MLPLOptState", "LearnableAdam", "LearnableSGD", "LearnableSGDM",
+    "MLPLOpt", "MLPLOptState", "AdafacMLPLOpt", "AdafacState", "RNNMLPLOpt", "RNNMLPLOptState",
+    "NNAdam", "NNAdamState", "HyperLOpt", "HyperLOptState",
+    "LearnableAdam", "LearnableSGD", "LearnableSGDM",
     "save_theta", "load_theta", "load_learned_optimizer", "load_optimizer",
 ]

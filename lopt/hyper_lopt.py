@@ -1,0 +1,156 @@
+"""HyperLOpt: a VeLO-style hypernetwork learned optimizer (Metz et al. 2022, "VeLO").
+
+A per-tensor LSTM (shared weights, own state (h_i, c_i) [H]) reads
+    z_i = [log mean x_f²/10 for each per-parameter feature f (F), log(1+numel)/10,
+           step embedding (T), progress (3), loss (2)]
+and *generates the weights* of tensor i's per-parameter MLP: with w the flat vector of all
+MLP weights (P numbers),
+
+    w_i = w_base + (h_i G) · gen_scale,      G [H, P],
+    lr_i = exp(h_i · w_lr),
+
+so every tensor gets its own small MLP, re-generated every step. The per-parameter features are
+AdafacMLPLOpt's (momenta, RMS, factored second moments; F = 28 by default, RMS-normalised per
+tensor) and the output is Δp = −d · exp(m · exp_mult) · step_mult · lr_i. The defaults (LSTM 16,
+MLP hidden 4) keep one step cheap and theta at ~6k numbers, so it meta-trains on a CPU;
+VeLO itself used a much larger LSTM and ran ES for ~4000 TPU-months.
+`loss=` is optional (loss features 0 without); `num_steps=None` zeroes the progress features.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopt import adafac_mlp_lopt as adafac
+from lopt import features as ft
+from lopt.base import LearnedOptimizer
+from lopt.learnable_hparams import _logit
+from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
+
+
+class HyperLOptState(NamedTuple):
+    accumulators: adafac.AdafacState  # momenta, rms, factored moments, step count
+    lstm_h: jax.Array     # float32 [L, H]
+    lstm_c: jax.Array     # float32 [L, H]
+    loss_state: jax.Array  # float32 [2]
+
+
+class HyperLOpt(LearnedOptimizer):
+    """Per-tensor LSTM hypernetwork emitting each tensor's per-parameter MLP weights."""
+
+    def __init__(self, lstm_hidden: int = 16, mlp_hidden: int = 4, mlp_layers: int = 1,
+                 momentum_decays: Sequence[float] = (0.9, 0.99, 0.999), rms_decay: float = 0.999,
+                 adafactor_decays: Sequence[float] = (0.9, 0.99, 0.999), gen_scale: float = 0.1,
+                 step_mult: float = 1e-3, exp_mult: float = 1e-3, timescales: Sequence[float] = ft.TIMESCALES):
+        if min(lstm_hidden, mlp_hidden, mlp_layers) < 1:
+            raise ValueError("HyperLOpt needs positive sizes")
+        self.lstm_hidden, self.mlp_hidden, self.mlp_layers = int(lstm_hidden), int(mlp_hidden), int(mlp_layers)
+        self.momentum_decays = tuple(float(d) for d in momentum_decays)
+        self.rms_decay = float(rms_decay)
+        self.adafactor_decays = tuple(float(d) for d in adafactor_decays)
+        self.gen_scale, self.step_mult, self.exp_mult = float(gen_scale), float(step_mult), float(exp_mult)
+        self.timescales = tuple(float(t) for t in timescales)
+
+    def config(self) -> dict:
+        return dict(lstm_hidden=self.lstm_hidden, mlp_hidden=self.mlp_hidden, mlp_layers=self.mlp_layers,
+                    momentum_decays=list(self.momentum_decays), rms_decay=self.rms_decay,
+                    adafactor_decays=list(self.adafactor_decays), gen_scale=self.gen_scale,
+                    step_mult=self.step_mult, exp_mult=self.exp_mult, timescales=list(self.timescales))
+
+    @property
+    def num_features(self) -> int:
+        return adafac.num_leaf_features(len(self.momentum_decays), len(self.adafactor_decays))
+
+    def _layer_shapes(self) -> list[tuple[int, int]]:
+        h = self.mlp_hidden
+        return [(self.num_features, h)] + [(h, h)] * (self.mlp_layers - 1) + [(h, 2)]
+
+    @property
+    def num_generated(self) -> int:
+        return sum(a * b + b for a, b in self._layer_shapes())
+
+    def _unflatten_mlp(self, flat: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
+        layers, at = [], 0
+        for a, b in self._layer_shapes():
+            layers.append((flat[at:at + a * b].reshape(a, b), flat[at + a * b:at + a * b + b]))
+            at += a * b + b
+        return layers
+
+    def init(self, key: jax.Array) -> dict:
+        keys = jax.random.split(key, len(self._layer_shapes()) + 2)
+        base = []
+        for k, (a, b) in zip(keys[2:], self._layer_shapes()):
+            layer = dense_init(k, a, b)
+            base += [layer["w"].reshape(-1), layer["b"]]
+        hl = self.lstm_hidden
+        n_in = self.num_features + 1 + len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
+        logits = lambda ds: jnp.asarray([_logit(d) for d in ds], jnp.float32)
+        return {"lstm": lstm_init(keys[0], n_in, hl),
+                "generator": jax.random.normal(keys[1], (hl, self.num_generated), jnp.float32) / hl ** 0.5,
+                "w_base": jnp.concatenate(base), "w_lr": jnp.zeros((hl,), jnp.float32),
+                "decays": {"momentum": logits(self.momentum_decays), "rms": logits([self.rms_decay]),
+                           "adafactor": logits(self.adafactor_decays)}}
+
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
+               is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        del is_training
+        n_mom, n_fac, hl = len(self.momentum_decays), len(self.adafactor_decays), self.lstm_hidden
+
+        def init_fn(params):
+            n = len(jax.tree_util.tree_leaves(params))
+            acc = adafac.init_state(params, n_mom, n_fac)
+            return HyperLOptState(acc, jnp.zeros((n, hl), jnp.float32), jnp.zeros((n, hl), jnp.float32),
+                                  ft.init_loss_state())
+
+        def update_fn(updates, state, params=None, *, loss=None, **extra_args):
+            del extra_args
+            if params is None:
+                raise ValueError("HyperLOpt needs params: call tx.update(grads, state, params)")
+            acc_state = state.accumulators
+            treedef, gs, (ps, ms, vs, rows, cols) = ft.leaves_of(
+                updates, params, acc_state.momenta, acc_state.rms, acc_state.fac_row, acc_state.fac_col)
+            loss_f, loss_state = ft.loss_features(loss, state.loss_state)
+            if not gs:
+                return updates, state._replace(accumulators=acc_state._replace(iteration=acc_state.iteration + 1),
+                                               loss_state=loss_state)
+            dec = jax.tree_util.tree_map(jax.nn.sigmoid, theta["decays"])
+            accs, feats, stats = [], [], []
+            for g, p, m, v, row, col in zip(gs, ps, ms, vs, rows, cols):
+                acc = adafac.LeafAccum(m, v, row, col)
+                if jnp.size(p) == 0:
+                    accs.append(acc)
+                    feats.append(None)
+                    stats.append(jnp.ones((self.num_features,), jnp.float32))
+                    continue
+                g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
+                acc = adafac.accumulate(g32, acc, dec["momentum"], dec["rms"][0], dec["adafactor"])
+                accs.append(acc)
+                feats.append(adafac.leaf_features(g32, p32, acc))
+                stats.append(adafac.feature_mean_squares(g32, p32, acc))
+            stats = jnp.stack(stats)                                                     # [L, F]
+            ctx = ft.context_features(acc_state.iteration, self.timescales, num_steps, loss_f)
+            sizes = jnp.stack([ft.size_feature(p) for p in ps])[:, None]
+            z = jnp.concatenate([ft.log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(gs), ctx.shape[0]))], axis=1)
+            h, c = lstm_step(theta["lstm"], z, state.lstm_h, state.lstm_c)             # [L, H]
+            weights = theta["w_base"] + (h @ theta["generator"]) * self.gen_scale        # [L, P]
+            lr_mult = jnp.exp(h @ theta["w_lr"])
+
+            new_u = []
+            for i, (p, x) in enumerate(zip(ps, feats)):
+                if x is None:
+                    new_u.append(jnp.zeros_like(p))
+                    continue
+                layers = self._unflatten_mlp(weights[i])
+                w1, b1 = layers[0]
+                layers[0] = (w1 * jax.lax.rsqrt(stats[i] + adafac.EPS)[:, None], b1)
+                d, mag = elementwise_mlp(x, layers)
+                step = d * jnp.exp(mag * self.exp_mult) * (self.step_mult * lr_mult[i])
+                new_u.append(jnp.broadcast_to(-step, jnp.shape(p)).astype(jnp.result_type(p)))
+            unf = treedef.unflatten
+            new_acc = adafac.AdafacState(*(unf([a[k] for a in accs]) for k in range(4)), acc_state.iteration + 1)
+            return unf(new_u), HyperLOptState(new_acc, h, c, loss_state)
+
+        return optax.GradientTransformationExtraArgs(init_fn, update_fn)

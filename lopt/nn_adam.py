@@ -1,0 +1,119 @@
+"""NNAdam: a per-tensor LSTM that sets each tensor's Adam hyper-parameters every step.
+
+Per tensor i, the LSTM (shared weights, own state [H]) reads
+    z_i = [log mean g², log mean m², log mean v, log mean p² (each /10, before this step's update),
+           log(1+numel)/10, step embedding (T), progress (3), loss (2)]
+and a linear head gives o_i = h_i W_out + b_out ∈ R⁴ (W_out initialised small, b_out = 0):
+
+    lr_i = lr·exp(o_i0),  β1_i = σ(logit β1 + o_i1),  β2_i = σ(logit β2 + o_i2),  ε_i = ε·exp(o_i3).
+
+Then Adam with per-tensor, per-step hyper-parameters; the bias corrections use the running
+products of the betas actually applied, c1 ← c1·β1_i, c2 ← c2·β2_i:
+
+    m ← β1 m + (1−β1) g,  v ← β2 v + (1−β2) g²,  Δp = −lr · (m/(1−c1)) / (√(v/(1−c2)) + ε).
+
+With o = 0 this is exactly Adam(lr, β1, β2, ε). `loss=` is optional (loss features 0 without).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopt import features as ft
+from lopt.base import LearnedOptimizer
+from lopt.learnable_hparams import _logit
+from lopt.nn import lstm_init, lstm_step
+
+NUM_STATS = 4
+
+
+class NNAdamState(NamedTuple):
+    mu: Any               # per leaf: float32 [*p.shape]
+    nu: Any               # per leaf: float32 [*p.shape]
+    b1_prod: jax.Array    # float32 [L]: Π β1 applied so far
+    b2_prod: jax.Array    # float32 [L]
+    lstm_h: jax.Array     # float32 [L, H]
+    lstm_c: jax.Array     # float32 [L, H]
+    loss_state: jax.Array  # float32 [2]
+    iteration: jax.Array  # int32 []
+
+
+class NNAdam(LearnedOptimizer):
+    """Adam whose lr, β1, β2, ε per tensor come from an LSTM over tensor statistics."""
+
+    def __init__(self, lstm_hidden: int = 16, learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999,
+                 eps: float = 1e-8, output_scale: float = 0.01, timescales: Sequence[float] = ft.TIMESCALES):
+        self.lstm_hidden = int(lstm_hidden)
+        self.learning_rate, self.b1, self.b2, self.eps = float(learning_rate), float(b1), float(b2), float(eps)
+        self.output_scale = float(output_scale)
+        self.timescales = tuple(float(t) for t in timescales)
+
+    def config(self) -> dict:
+        return dict(lstm_hidden=self.lstm_hidden, learning_rate=self.learning_rate, b1=self.b1, b2=self.b2,
+                    eps=self.eps, output_scale=self.output_scale, timescales=list(self.timescales))
+
+    @property
+    def num_lstm_inputs(self) -> int:
+        return NUM_STATS + 1 + len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
+
+    def init(self, key: jax.Array) -> dict:
+        k1, k2 = jax.random.split(key)
+        hl = self.lstm_hidden
+        return {"lstm": lstm_init(k1, self.num_lstm_inputs, hl),
+                "output": {"w": jax.random.normal(k2, (hl, 4), jnp.float32) * (self.output_scale / hl ** 0.5),
+                           "b": jnp.zeros((4,), jnp.float32)}}
+
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
+               is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        del is_training
+        hl = self.lstm_hidden
+        base = jnp.asarray([math.log(self.learning_rate), _logit(self.b1), _logit(self.b2), math.log(self.eps)],
+                           jnp.float32)
+
+        def init_fn(params):
+            n = len(jax.tree_util.tree_leaves(params))
+            return NNAdamState(jax.tree_util.tree_map(ft.zeros_like_f32, params),
+                               jax.tree_util.tree_map(ft.zeros_like_f32, params),
+                               jnp.ones((n,), jnp.float32), jnp.ones((n,), jnp.float32),
+                               jnp.zeros((n, hl), jnp.float32), jnp.zeros((n, hl), jnp.float32),
+                               ft.init_loss_state(), jnp.zeros((), jnp.int32))
+
+        def update_fn(updates, state, params=None, *, loss=None, **extra_args):
+            del extra_args
+            if params is None:
+                raise ValueError("NNAdam needs params: call tx.update(grads, state, params)")
+            treedef, gs, (ps, mus, nus) = ft.leaves_of(updates, params, state.mu, state.nu)
+            loss_f, loss_state = ft.loss_features(loss, state.loss_state)
+            if not gs:
+                return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)
+            ctx = ft.context_features(state.iteration, self.timescales, num_steps, loss_f)
+            mean_sq = lambda x: jnp.mean(jnp.square(x)) if jnp.size(x) else jnp.zeros((), jnp.float32)
+            stats = jnp.stack([jnp.stack([mean_sq(jnp.asarray(g, jnp.float32)), mean_sq(mu), jnp.mean(nu) if jnp.size(nu)
+                                          else jnp.zeros((), jnp.float32), mean_sq(jnp.asarray(p, jnp.float32))])
+                               for g, p, mu, nu in zip(gs, ps, mus, nus)])                     # [L, 4]
+            sizes = jnp.stack([ft.size_feature(p) for p in ps])[:, None]
+            z = jnp.concatenate([ft.log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(gs), ctx.shape[0]))], axis=1)
+            h, c = lstm_step(theta["lstm"], z, state.lstm_h, state.lstm_c)
+            hp = base + h @ theta["output"]["w"] + theta["output"]["b"]                        # [L, 4]
+            lr, b1, b2, eps = jnp.exp(hp[:, 0]), jax.nn.sigmoid(hp[:, 1]), jax.nn.sigmoid(hp[:, 2]), jnp.exp(hp[:, 3])
+            b1_prod, b2_prod = state.b1_prod * b1, state.b2_prod * b2
+
+            new_u, new_mu, new_nu = [], [], []
+            for i, (g, p, mu, nu) in enumerate(zip(gs, ps, mus, nus)):
+                g32 = jnp.asarray(g, jnp.float32)
+                mu = b1[i] * mu + (1.0 - b1[i]) * g32
+                nu = b2[i] * nu + (1.0 - b2[i]) * jnp.square(g32)
+                m_hat, v_hat = mu / (1.0 - b1_prod[i]), nu / (1.0 - b2_prod[i])
+                step = -lr[i] * m_hat / (jnp.sqrt(v_hat) + eps[i])
+                new_u.append(step.astype(jnp.result_type(p)))
+                new_mu.append(mu)
+                new_nu.append(nu)
+            unf = treedef.unflatten
+            return unf(new_u), NNAdamState(unf(new_mu), unf(new_nu), b1_prod, b2_prod, h, c, loss_state,
+                                           state.iteration + 1)
+
+        return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,152 @@
+"""RNNMLPLOpt: a per-tensor LSTM conditioning a per-parameter MLP (Metz et al. 2020).
+
+Per tensor p (gradient g), float32 accumulators as in MLPLOpt:
+    m_k ← β_k m_k + (1 − β_k) g   (k over `decays`)  [K, *p];   v ← β_v v + (1 − β_v) g²  [*p]
+Per-parameter features x (F = K + 5): g, p, m_k, √v, g·v^{-½}, m_0.9·v^{-½}.
+
+Each step, per tensor i, the LSTM (shared weights, own state (h_i, c_i) [H]) reads
+    z_i = [log(mean(x_f²))/10 for f (F), log(1+numel)/10, step embedding (T), progress (3), loss (2)]
+and emits h_i. From h_i come a conditioning vector added to the MLP's first hidden layer,
+b_i = h_i W_cond, and a per-tensor step-size multiplier exp(h_i · w_lr). The per-parameter MLP
+(`mlp_hidden` wide, ReLU) on the RMS-normalised x gives (d, m):
+
+    Δp = −d · exp(m · exp_mult) · step_mult · exp(h_i · w_lr).
+
+`loss=` is optional: without it the loss features are (0, 0) ("no loss"), see
+`features.loss_features`. `num_steps=None` zeroes the progress features.
+State: accumulators, the LSTM state stacked over tensors ([L, H], L = number of leaves in
+the params' tree order), the loss EMA and the step count.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopt import features as ft
+from lopt.base import LearnedOptimizer
+from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
+
+EPS = 1e-8
+
+
+class RNNMLPLOptState(NamedTuple):
+    momenta: Any          # per leaf: float32 [K, *p.shape]
+    second_moment: Any    # per leaf: float32 [*p.shape]
+    lstm_h: jax.Array     # float32 [L, H]
+    lstm_c: jax.Array     # float32 [L, H]
+    loss_state: jax.Array  # float32 [2]: loss EMA, seen flag
+    iteration: jax.Array  # int32 []
+
+
+class RNNMLPLOpt(LearnedOptimizer):
+    """Per-tensor LSTM over tensor statistics, loss and progress -> conditions a per-parameter MLP."""
+
+    def __init__(self, lstm_hidden: int = 16, mlp_hidden: int = 8, mlp_layers: int = 2,
+                 decays: Sequence[float] = (0.5, 0.9, 0.99, 0.999), rms_decay: float = 0.999,
+                 step_mult: float = 1e-3, exp_mult: float = 1e-3, timescales: Sequence[float] = ft.TIMESCALES):
+        if min(lstm_hidden, mlp_hidden, mlp_layers) < 1 or not decays:
+            raise ValueError("RNNMLPLOpt needs positive sizes and at least one decay")
+        self.lstm_hidden, self.mlp_hidden, self.mlp_layers = int(lstm_hidden), int(mlp_hidden), int(mlp_layers)
+        self.decays = tuple(float(d) for d in decays)
+        self.rms_decay = float(rms_decay)
+        self.step_mult, self.exp_mult = float(step_mult), float(exp_mult)
+        self.timescales = tuple(float(t) for t in timescales)
+        self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
+
+    @property
+    def num_features(self) -> int:
+        return len(self.decays) + 5
+
+    @property
+    def num_lstm_inputs(self) -> int:
+        return self.num_features + 1 + len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
+
+    def config(self) -> dict:
+        return dict(lstm_hidden=self.lstm_hidden, mlp_hidden=self.mlp_hidden, mlp_layers=self.mlp_layers,
+                    decays=list(self.decays), rms_decay=self.rms_decay, step_mult=self.step_mult,
+                    exp_mult=self.exp_mult, timescales=list(self.timescales))
+
+    def init(self, key: jax.Array) -> dict:
+        keys = jax.random.split(key, self.mlp_layers + 3)
+        h, hl = self.mlp_hidden, self.lstm_hidden
+        theta = {"lstm": lstm_init(keys[0], self.num_lstm_inputs, hl),
+                 "w_cond": jax.random.normal(keys[1], (hl, h), jnp.float32) * (0.1 / hl ** 0.5),
+                 "w_lr": jnp.zeros((hl,), jnp.float32),
+                 "input": dense_init(keys[2], self.num_features, h)}
+        for i in range(1, self.mlp_layers):
+            theta[f"hidden_{i}"] = dense_init(keys[2 + i], h, h)
+        theta["output"] = dense_init(keys[-1], h, 2)
+        return theta
+
+    def _features(self, g, p, m, v):
+        rsqrt_v = jax.lax.rsqrt(v + EPS)
+        return [g, p] + [m[k] for k in range(m.shape[0])] + [jnp.sqrt(v), g * rsqrt_v, m[self._mom_idx] * rsqrt_v]
+
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
+               is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        del is_training
+        decays = jnp.asarray(self.decays, jnp.float32)
+        hl = self.lstm_hidden
+
+        def init_fn(params):
+            n = len(jax.tree_util.tree_leaves(params))
+            return RNNMLPLOptState(
+                momenta=jax.tree_util.tree_map(lambda p: jnp.zeros((len(self.decays),) + jnp.shape(p), jnp.float32), params),
+                second_moment=jax.tree_util.tree_map(ft.zeros_like_f32, params),
+                lstm_h=jnp.zeros((n, hl), jnp.float32), lstm_c=jnp.zeros((n, hl), jnp.float32),
+                loss_state=ft.init_loss_state(), iteration=jnp.zeros((), jnp.int32))
+
+        def update_fn(updates, state, params=None, *, loss=None, **extra_args):
+            del extra_args
+            if params is None:
+                raise ValueError("RNNMLPLOpt needs params: call tx.update(grads, state, params)")
+            treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
+            loss_f, loss_state = ft.loss_features(loss, state.loss_state)
+            ctx = ft.context_features(state.iteration, self.timescales, num_steps, loss_f)
+            nfeat = self.num_features
+
+            # phase 1: accumulators and per-tensor statistics
+            accs, feats, stats = [], [], []
+            for g, p, m, v in zip(gs, ps, ms, vs):
+                if jnp.size(p) == 0:
+                    accs.append((m, v))
+                    feats.append(None)
+                    stats.append(jnp.zeros((nfeat,), jnp.float32))
+                    continue
+                g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
+                m = decays.reshape((-1,) + (1,) * g32.ndim) * m + (1.0 - decays).reshape((-1,) + (1,) * g32.ndim) * g32
+                v = self.rms_decay * v + (1.0 - self.rms_decay) * jnp.square(g32)
+                x = self._features(g32, p32, m, v)
+                accs.append((m, v))
+                feats.append(x)
+                stats.append(jnp.stack([jnp.mean(jnp.square(f)) for f in x]))
+            if not gs:
+                return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)
+            stats = jnp.stack(stats)                                                   # [L, F]
+            sizes = jnp.stack([ft.size_feature(p) for p in ps])[:, None]
+            z = jnp.concatenate([ft.log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(gs), ctx.shape[0]))], axis=1)
+            h, c = lstm_step(theta["lstm"], z, state.lstm_h, state.lstm_c)            # [L, H]
+            cond = h @ theta["w_cond"]                                                 # [L, mlp_hidden]
+            lr_mult = jnp.exp(h @ theta["w_lr"])                                       # [L]
+            rest = [(theta[f"hidden_{i}"]["w"], theta[f"hidden_{i}"]["b"]) for i in range(1, self.mlp_layers)]
+            rest.append((theta["output"]["w"], theta["output"]["b"]))
+
+            # phase 2: the per-parameter MLP
+            new_updates = []
+            for i, (p, x) in enumerate(zip(ps, feats)):
+                if x is None:
+                    new_updates.append(jnp.zeros_like(p))
+                    continue
+                w1 = theta["input"]["w"] * jax.lax.rsqrt(stats[i] + EPS)[:, None]
+                d, mag = elementwise_mlp(x, [(w1, theta["input"]["b"] + cond[i])] + rest)
+                step = d * jnp.exp(mag * self.exp_mult) * (self.step_mult * lr_mult[i])
+                new_updates.append(jnp.broadcast_to(-step, jnp.shape(p)).astype(jnp.result_type(p)))
+            unf = treedef.unflatten
+            new_state = RNNMLPLOptState(unf([a[0] for a in accs]), unf([a[1] for a in accs]), h, c,
+                                        loss_state, state.iteration + 1)
+            return unf(new_updates), new_state
+
+        return optax.GradientTransformationExtraArgs(init_fn, update_fn)
