@@ -85,7 +85,8 @@ def load_theta(path: str, learned_opt: Optional[LearnedOptimizer] = None) -> Any
         if saved != mine:
             raise ValueError(
                 f"{path} holds theta of {saved[0]}({_fmt(saved[1])}) but it is being loaded into "
-                f"{mine[0]}({_fmt(mine[1])}); build the same architecture and config to load it")
+                f"{mine[0]}({_fmt(mine[1])}); differs in: {_diff(saved, mine)}. Build the same "
+                f"architecture and config to load it, or use load_learned_optimizer({path!r})")
         target = jax.eval_shape(learned_opt.init, jax.random.key(0))
         theta = serialization.from_state_dict(target, payload["theta"])
         _check_structure(learned_opt, theta, f"load_theta({path})")
@@ -108,3 +109,15 @@ def load_optimizer(path: str, *, num_steps: Optional[int] = None) -> optax.Gradi
 
 def _fmt(config: dict) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(config.items()))
+
+
+def _diff(saved: tuple[str, dict], mine: tuple[str, dict]) -> str:
+    """'architecture (saved A, here B); hidden_size (saved 32, here 16); ...'"""
+    parts = [] if saved[0] == mine[0] else [f"architecture (saved {saved[0]}, here {mine[0]})"]
+    missing = object()
+    for k in sorted(set(saved[1]) | set(mine[1])):
+        a, b = saved[1].get(k, missing), mine[1].get(k, missing)
+        if a != b:
+            show = lambda x: "<absent>" if x is missing else repr(x)
+            parts.append(f"{k} (saved {show(a)}, here {show(b)})")
+    return "; ".join(parts)
