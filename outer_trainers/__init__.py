@@ -10,6 +10,11 @@ from outer_trainers.truncated_step import StepOut, TruncatedStep
 from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
                                                 NeverEndingTruncationSchedule, TruncationSchedule,
                                                 TruncationState)
+from outer_trainers.full_es import FullES
+from outer_trainers.full_grad import FullGrad
+from outer_trainers.noise_reuse_es import NoiseReuseES
+from outer_trainers.truncated_grad import TruncatedGrad
+from outer_trainers.truncated_pes_pmap import TruncatedPESPMAP
 
 __all__ = [
     "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
@@ -17,4 +22,5 @@ __all__ = [
     "GradientEstimator", "Estimate", "TruncatedES", "TruncatedPES", "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state",
     "compare_optimizers", "format_comparison", "make_task_trainer",
+    "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
 ]

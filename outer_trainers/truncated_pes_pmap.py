@@ -1,0 +1,112 @@
+"""TruncatedPESPMAP: TruncatedPES with the particle axis sharded over local devices.
+
+The math is TruncatedPES's (`pes_weights`); the N particle pairs are split over a 1-D
+`jax.sharding.Mesh` of D devices (axis "tasks") with `jax.shard_map`: each device unrolls its
+N/D pairs (its + and − halves side by side), forms its partial sum of the estimate, and one
+`psum` per truncation combines them. Perturbations and step keys are drawn exactly as
+TruncatedPES draws them, so for the same keys the estimate equals TruncatedPES's up to float
+summation order, on any D.
+
+State layout: `PESState(inner_state [2, N, ...] (± first, sharded on N), accumulator [N, ...])`;
+`inner_state` reshaped to [2N, ...] is TruncatedPES's [+ half; − half].
+
+`share_data=True` gives local particle j on every device the step keys of particle j on device
+0 (so the same data batches — and the same per-step randomness of the TruncatedStep, e.g.
+resets — on all devices): cheaper data on real multi-host input pipelines, but the devices'
+particles become correlated, so the estimate has higher variance.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from outer_trainers import unroll as U
+from outer_trainers.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.truncated_es import _check
+from outer_trainers.truncated_pes import PESState, pes_weights
+from outer_trainers.truncated_step import TruncatedStep
+
+AXIS = "tasks"
+
+
+class TruncatedPESPMAP(GradientEstimator):
+    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
+                 random_initial_iteration_offset: int = 0, *, num_devices: Optional[int] = None,
+                 devices: Optional[Sequence[jax.Device]] = None, share_data: bool = False):
+        _check(num_tasks, trunc_length, std)
+        devices = list(jax.local_devices() if devices is None else devices)
+        if num_devices is not None:
+            if not 1 <= num_devices <= len(devices):
+                raise ValueError(f"num_devices={num_devices} but {len(devices)} local devices are visible "
+                                 f"(on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count=N before "
+                                 f"importing jax)")
+            devices = devices[:num_devices]
+        if num_tasks % len(devices):
+            raise ValueError(f"TruncatedPESPMAP: num_tasks={num_tasks} is not divisible by the {len(devices)} "
+                             f"devices it shards over; use a multiple of {len(devices)} or pass num_devices=")
+        self.num_tasks, self.trunc_length, self.std = int(num_tasks), int(trunc_length), float(std)
+        self.random_initial_iteration_offset = int(random_initial_iteration_offset)
+        self.share_data = bool(share_data)
+        self.mesh = Mesh(np.asarray(devices), (AXIS,))
+        self.num_devices = len(devices)
+        self.name = f"TruncatedPESPMAP(n={num_tasks},K={trunc_length},devices={self.num_devices})"
+        super().__init__(truncated_step)
+
+    @property
+    def inner_steps_per_estimate(self) -> int:
+        return 2 * self.num_tasks * self.trunc_length
+
+    def _shard(self, tree, spec):
+        return jax.lax.with_sharding_constraint(tree, NamedSharding(self.mesh, spec))
+
+    def _init_state(self, theta, key, outer_state, data):
+        n = self.num_tasks
+        particles = U.init_particles(self.truncated_step, theta, key, n, outer_state=outer_state, data=data,
+                                     max_offset=self.random_initial_iteration_offset)
+        inner = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), particles)
+        acc = jax.tree_util.tree_map(lambda t: jnp.zeros((n,) + jnp.shape(t), jnp.result_type(t)), theta)
+        return PESState(self._shard(inner, P(None, AXIS)), self._shard(acc, P(AXIS)))
+
+    def _estimate(self, theta, state, key, outer_state, data):
+        n, K, D = self.num_tasks, self.trunc_length, self.num_devices
+        k_eps, k_unroll = jax.random.split(key)
+        eps = U.sample_perturbations(theta, k_eps, n, self.std)
+        step_keys = jax.vmap(lambda k: jax.random.split(k, n))(jax.random.split(k_unroll, K))  # [K, N] as unroll
+        if self.share_data:
+            step_keys = jnp.concatenate([step_keys[:, :n // D]] * D, axis=1)
+        c = 1.0 / (2 * self.std**2 * K * n)
+        ts = self.truncated_step
+
+        def local(theta, inner, acc, eps, keys, outer_state, data):
+            m = n // D
+            vstep = jax.vmap(lambda th, s, k: ts.step(th, s, k, outer_state=outer_state, data=data))
+            states = jax.tree_util.tree_map(lambda x: x.reshape((2 * m,) + x.shape[2:]), inner)
+            thetas = U.tree_stack_pm(theta, eps)
+            states, out = jax.lax.scan(lambda s, k: vstep(thetas, s, k), states,
+                                       jnp.concatenate([keys, keys], axis=1))
+            valid = out.mask[:, :m] & out.mask[:, m:]
+            diff = jnp.where(valid, out.loss[:, :m] - out.loss[:, m:], 0.0)
+            done = out.is_done[:, :m] | out.is_done[:, m:]
+            w_eps, w_acc, keep_eps, keep_acc = pes_weights(diff, done)
+            grad = jax.tree_util.tree_map(
+                lambda e, a: jnp.tensordot(w_eps * c, e, axes=1) + jnp.tensordot(w_acc * c, a, axes=1), eps, acc)
+            bshape = lambda w, x: jnp.reshape(w, w.shape + (1,) * (x.ndim - 1))
+            acc = jax.tree_util.tree_map(lambda e, a: bshape(keep_eps, e) * e + bshape(keep_acc, a) * a, eps, acc)
+            sums = jnp.stack([jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask).astype(jnp.float32),
+                              jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0))).astype(jnp.float32),
+                              jnp.sum(done).astype(jnp.float32)])
+            grad, sums = jax.lax.psum((grad, sums), AXIS)
+            inner = jax.tree_util.tree_map(lambda x: x.reshape((2, m) + x.shape[1:]), states)
+            return inner, acc, grad, sums
+
+        inner, acc, grad, sums = jax.shard_map(
+            local, mesh=self.mesh, in_specs=(P(), P(None, AXIS), P(AXIS), P(AXIS), P(None, AXIS), P(), P()),
+            out_specs=(P(None, AXIS), P(AXIS), P(), P()))(theta, state.inner_state, state.accumulator, eps,
+                                                           step_keys, outer_state, data)
+        metrics = {"nonfinite": sums[2].astype(jnp.int32), "resets": sums[3].astype(jnp.int32)}
+        new_state = PESState(self._shard(inner, P(None, AXIS)), self._shard(acc, P(AXIS)))
+        return new_state, Estimate(grad, sums[0] / jnp.maximum(sums[1], 1.0), metrics)
