@@ -37,6 +37,16 @@ class TruncatedStep:
              data: Optional[Any] = None) -> tuple[Any, StepOut]:
         raise NotImplementedError
 
+    def batched_step(self, thetas: Any, states: Any, keys: jax.Array, *, theta_batched: bool = True,
+                     outer_state: Optional[Any] = None, data: Optional[Any] = None) -> tuple[Any, StepOut]:
+        """`step` for P particles at once (states and keys [P, ...]; thetas too if `theta_batched`).
+
+        Must equal `jax.vmap(step)`; subclasses override it only to do the same work faster
+        (e.g. run resets only on steps where some particle's episode ended).
+        """
+        step = lambda th, s, k: self.step(th, s, k, outer_state=outer_state, data=data)
+        return jax.vmap(step, in_axes=(0 if theta_batched else None, 0, 0))(thetas, states, keys)
+
     def data_args(self) -> Any:
         """Arrays to pass into jit as `data=` (None if the step reads no data)."""
         return None

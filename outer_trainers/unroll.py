@@ -63,14 +63,13 @@ def unroll(ts: TruncatedStep, thetas: Any, states: Any, key: jax.Array, num_step
     num = jax.tree_util.tree_leaves(states)[0].shape[0]
     if num % key_groups:
         raise ValueError(f"{num} particles do not split into {key_groups} key groups")
-    step = lambda th, s, k: ts.step(th, s, k, outer_state=outer_state, data=data)
-    vstep = jax.vmap(step, in_axes=(0 if theta_batched else None, 0, 0))
 
     def body(carry, k):
         keys = jax.random.split(k, num // key_groups)
         if key_groups > 1:
             keys = jnp.concatenate([keys] * key_groups, axis=0)
-        return vstep(thetas, carry, keys)
+        return ts.batched_step(thetas, carry, keys, theta_batched=theta_batched, outer_state=outer_state,
+                               data=data)
 
     return jax.lax.scan(body, states, jax.random.split(key, num_steps))
 

@@ -86,3 +86,24 @@ def test_type_errors_name_the_argument():
         ot.LOptTruncatedStep(tasks.QuadraticFamily(2), optax.adam(1e-3), ot.ConstantTruncationSchedule(2))
     with pytest.raises(TypeError, match="trunc_sched"):
         ot.LOptTruncatedStep(tasks.QuadraticFamily(2), lopt.LearnableSGD(), 10)
+
+
+def test_batched_step_equals_vmapped_step_across_resets():
+    """The lax.cond reset path of batched_step gives exactly vmap(step), resets included."""
+    from outer_trainers.truncated_step import TruncatedStep
+
+    family = tasks.QuadraticFamily(dim=3)
+    step = ot.LOptTruncatedStep(family, lopt.MLPLOpt(hidden_size=4), ot.LogUniformTruncationSchedule(2, 5))
+    theta = step.learned_opt.init(jax.random.key(0))
+    thetas = jax.tree_util.tree_map(lambda t: jnp.stack([t, t * 1.01, t * 0.99, t]), theta)
+    states = jax.vmap(lambda k: step.init(theta, k))(jax.random.split(jax.random.key(1), 4))
+
+    def run(fn):
+        def body(s, k):
+            return fn(thetas, s, jax.random.split(k, 4))
+        return jax.jit(lambda s: jax.lax.scan(body, s, jax.random.split(jax.random.key(2), 12)))(states)
+
+    fast = run(step.batched_step)
+    plain = run(lambda th, s, k: TruncatedStep.batched_step(step, th, s, k))
+    assert int(jnp.sum(fast[1].is_done)) >= 4  # several resets happened
+    chex.assert_trees_all_equal(fast, plain)
