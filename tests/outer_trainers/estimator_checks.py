@@ -1,0 +1,137 @@
+"""Shared fixtures for the estimator tests: a deterministic unrolled problem with an exact
+per-step Jacobian, a NaN-producing task family, and the statistical comparison.
+
+Problem: LearnableSGDM (θ = {log_lr, logit_momentum}) trains one fixed 2-D quadratic from
+x = 0 in episodes of T = 7 steps; nothing is random, so step p of every episode has the same
+loss f_p(θ) and E[ĝ_k] of an unbiased online estimator at truncation k is
+mean_{s in truncation k} ∇f_{p(s)}(θ), p(s) = ((s − 1) mod T) + 1.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import lopt
+import outer_trainers as ot
+from tasks.base import Task, TaskFamily, single_task_family
+from tasks.quadratics import QuadraticTask
+
+EPISODE = 7
+TRUNC = 3
+NUM_TRUNCS = 7  # 21 steps: resets after steps 7, 14, 21 = positions 1, 2, 3 of a truncation
+
+
+def quadratic_step(episode: int = EPISODE) -> ot.LOptTruncatedStep:
+    task = QuadraticTask(jnp.array([0.5, 2.0]), jnp.array([1.0, -1.0]), init_scale=0.0)
+    return ot.LOptTruncatedStep(single_task_family(task), lopt.LearnableSGDM(0.1, 0.5),
+                                ot.ConstantTruncationSchedule(episode))
+
+
+def theta0() -> dict:
+    return lopt.LearnableSGDM(0.1, 0.5).init(jax.random.key(0))
+
+
+def flat(tree) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(tree)])
+
+
+def episode_jacobian(ts, theta, episode: int = EPISODE) -> np.ndarray:
+    """d f_p / dθ for p = 1..T, shape [T, dim θ] (flattened in tree order)."""
+    def losses(th):
+        s = ts.init(th, jax.random.key(0))
+        def body(s, t):
+            s, out = ts.step(th, s, jax.random.fold_in(jax.random.key(1), t))
+            return s, out.loss
+        return jax.lax.scan(body, s, jnp.arange(episode))[1]
+    jac = jax.jacrev(losses)(theta)
+    return np.stack([np.asarray(x) for x in jax.tree_util.tree_leaves(jac)], axis=-1)
+
+
+def truncation_references(jac: np.ndarray, trunc: int, num_truncs: int) -> np.ndarray:
+    """Exact E[ĝ_k] of an unbiased online estimator, shape [num_truncs, dim θ]."""
+    T = jac.shape[0]
+    refs = []
+    for k in range(num_truncs):
+        steps = np.arange(k * trunc + 1, (k + 1) * trunc + 1)
+        refs.append(jac[(steps - 1) % T].mean(0))
+    return np.stack(refs)
+
+
+def collect(est, theta, num_truncs: int, replicates: int, seed: int = 0) -> np.ndarray:
+    """Estimates of `replicates` independent runs, shape [replicates, num_truncs, dim θ]."""
+    out = np.zeros((replicates, num_truncs, flat(theta).size))
+    for r in range(replicates):
+        key = jax.random.key(seed * 100003 + r)
+        state = est.init_state(theta, jax.random.fold_in(key, 10**6))
+        for k in range(num_truncs):
+            state, e = est.estimate(theta, state, jax.random.fold_in(key, k))
+            out[r, k] = flat(e.grad)
+    return out
+
+
+def z_scores(samples: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """(mean − ref) / standard error, elementwise over [num_truncs, dim θ]."""
+    mean = samples.mean(0)
+    se = samples.std(0, ddof=1) / np.sqrt(samples.shape[0])
+    return (mean - ref) / np.maximum(se, 1e-12)
+
+
+def assert_unbiased(samples: np.ndarray, ref: np.ndarray, max_z: float = 3.0) -> None:
+    z = z_scores(samples, ref)
+    assert np.all(np.abs(z) < max_z), f"estimate mean off the exact gradient by {np.abs(z).max():.2f} SE\n" \
+                                      f"z =\n{np.round(z, 2)}\nmean =\n{samples.mean(0)}\nexact =\n{ref}"
+
+
+class NaNQuadraticFamily(TaskFamily):
+    """2-D quadratics; with probability `p_bad` a sampled task's loss (and gradient) is NaN."""
+
+    def __init__(self, p_bad: float = 0.3):
+        self.p_bad = p_bad
+        self.name = "nan_quadratic"
+        self.data = None
+
+    def sample(self, key):
+        return {"bad": jax.random.uniform(key) < self.p_bad}
+
+    def task_fn(self, cfg):
+        return _NaNQuadratic(cfg["bad"])
+
+
+class _NaNQuadratic(Task):
+    def __init__(self, bad):
+        self.bad = bad
+
+    def init(self, key):
+        return {"x": jax.random.normal(key, (2,))}
+
+    def loss(self, params, key, batch):
+        return 0.5 * jnp.sum(jnp.square(params["x"] - 1.0)) * jnp.where(self.bad, jnp.nan, 1.0)
+
+
+def nan_step(episode: int = 6) -> ot.LOptTruncatedStep:
+    return ot.LOptTruncatedStep(NaNQuadraticFamily(), lopt.LearnableSGDM(0.1, 0.5),
+                                ot.ConstantTruncationSchedule(episode))
+
+
+def assert_nonfinite_handled(est, theta, num_estimates: int = 3) -> None:
+    """Particles hitting NaN losses are counted and reset; every estimate stays finite."""
+    state = est.init_state(theta, jax.random.key(0))
+    total = 0
+    for i in range(num_estimates):
+        state, e = est.estimate(theta, state, jax.random.key(i + 1))
+        assert np.all(np.isfinite(flat(e.grad))), e.grad
+        assert np.isfinite(float(e.loss))
+        total += int(e.metrics["nonfinite"])
+        assert int(e.metrics["resets"]) >= 1
+    assert total > 0
+
+
+def assert_no_recompile(est, theta, compile_counter) -> None:
+    state = est.init_state(theta, jax.random.key(0))
+    state, e = est.estimate(theta, state, jax.random.key(1))
+    jax.block_until_ready(e)
+    with compile_counter() as c:
+        state, e = est.estimate(theta, state, jax.random.key(2))
+        jax.block_until_ready(e)
+    assert c.count == 0, f"{est!r} recompiled {c.count} time(s) on its second estimate"

@@ -1,0 +1,67 @@
+"""TruncatedGrad: full-length truncation equals FullGrad; carries state; remat is exact; NaNs."""
+import jax
+import numpy as np
+import pytest
+
+import lopt
+import outer_trainers as ot
+from tasks.quadratics import QuadraticFamily
+from tests.outer_trainers import estimator_checks as C
+
+
+@pytest.fixture(scope="module")
+def random_family_step():
+    return ot.LOptTruncatedStep(QuadraticFamily(3, noise_std=0.5), lopt.LearnableSGDM(0.1, 0.5),
+                                ot.ConstantTruncationSchedule(9))
+
+
+def test_full_length_truncation_equals_full_grad(random_family_step):
+    """Random tasks, random init, noisy gradients: the same keys give the same gradient."""
+    ts, theta = random_family_step, C.theta0()
+    key = jax.random.key(5)
+    k_init, k_unroll = jax.random.split(key)
+    _, full = ot.FullGrad(ts, 4, chunk_length=4).estimate(theta, None, key)
+    tg = ot.TruncatedGrad(ts, 4, 9, remat=True)
+    _, trunc = tg.estimate(theta, tg.init_state(theta, k_init), k_unroll)
+    np.testing.assert_allclose(C.flat(trunc.grad), C.flat(full.grad), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(float(trunc.loss), float(full.loss), rtol=1e-6)
+    assert np.all(C.flat(full.grad) != 0)
+
+
+def test_remat_and_carried_state(random_family_step):
+    ts, theta = random_family_step, C.theta0()
+    a, b = ot.TruncatedGrad(ts, 3, 4), ot.TruncatedGrad(ts, 3, 4, remat=True)
+    sa = a.init_state(theta, jax.random.key(0))
+    sb = b.init_state(theta, jax.random.key(0))
+    for i in range(3):  # 12 steps: crosses the episode boundary at 9
+        sa, ea = a.estimate(theta, sa, jax.random.key(i))
+        sb, eb = b.estimate(theta, sb, jax.random.key(i))
+        np.testing.assert_allclose(C.flat(ea.grad), C.flat(eb.grad), rtol=1e-5, atol=1e-8)
+    np.testing.assert_array_equal(np.asarray(sa.inner_state.inner_step), [3, 3, 3])
+
+
+def test_first_truncation_matches_exact_and_later_ones_are_biased():
+    ts, theta = C.quadratic_step(), C.theta0()
+    ref = C.truncation_references(C.episode_jacobian(ts, theta), C.TRUNC, 2)
+    est = ot.TruncatedGrad(ts, 1, C.TRUNC)
+    s = est.init_state(theta, jax.random.key(0))
+    s, e0 = est.estimate(theta, s, jax.random.key(1))
+    s, e1 = est.estimate(theta, s, jax.random.key(2))
+    np.testing.assert_allclose(C.flat(e0.grad), ref[0], rtol=1e-4, atol=1e-7)
+    assert np.abs(C.flat(e1.grad) - ref[1]).max() > 0.1 * np.abs(ref[1]).max()
+
+
+def test_no_recompile(random_family_step, compile_counter):
+    C.assert_no_recompile(ot.TruncatedGrad(random_family_step, 2, 3), C.theta0(), compile_counter)
+
+
+def test_nonfinite_particles_are_dropped_and_counted():
+    est = ot.TruncatedGrad(C.nan_step(), 8, 3)
+    state = est.init_state(C.theta0(), jax.random.key(0))
+    dropped = 0
+    for i in range(3):
+        state, e = est.estimate(C.theta0(), state, jax.random.key(i))
+        assert np.all(np.isfinite(C.flat(e.grad))) and np.isfinite(float(e.loss))
+        dropped += int(e.metrics["nonfinite_grads"])
+    assert dropped > 0
+    C.assert_nonfinite_handled(est, C.theta0())
