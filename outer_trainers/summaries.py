@@ -1,0 +1,131 @@
+"""Where training metrics go: metrics.jsonl, TensorBoard event files, a progress display.
+
+    log = MetricsLog(output_dir, resume_step=s)   # drops jsonl lines with step > s first
+    log.write(step, {"meta_loss": 0.3, ...})      # one JSON line + one TB scalar per number
+    log.close()
+    bar = Progress(mode, total, initial)          # mode: "bar" (tqdm), "log" (plain lines), "none"
+
+TensorBoard files are written with tensorboardX (no TensorFlow) under `output_dir/tb`; after a
+resume, `purge_step` tells TensorBoard to hide the old run's events past the checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Optional
+
+from lopt.serialization import atomic_write_bytes
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tb"
+
+
+def truncate_jsonl(path: str, max_step: int) -> int:
+    """Rewrites `path` keeping only lines whose "step" is <= `max_step` (and well-formed lines);
+    returns the number of lines dropped. Atomic: a crash leaves the old or the new file."""
+    if not os.path.exists(path):
+        return 0
+    kept, dropped = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill
+                dropped += 1
+                continue
+            if int(rec.get("step", 0)) <= max_step:
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    if dropped:
+        atomic_write_bytes(path, "".join(kept).encode("utf-8"))
+    return dropped
+
+
+def scalars(metrics: dict) -> dict:
+    """The entries of `metrics` that are single real numbers (bools excluded)."""
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class MetricsLog:
+    """metrics.jsonl (+ TensorBoard when `tensorboard`) in `output_dir`; `output_dir=None`: no-op."""
+
+    def __init__(self, output_dir: Optional[str], *, resume_step: Optional[int] = None, tensorboard: bool = True,
+                 flush_secs: int = 10):
+        self.output_dir = output_dir
+        self._file = self._tb = None
+        if output_dir is None:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        path = os.path.join(output_dir, METRICS_FILE)
+        truncate_jsonl(path, resume_step if resume_step is not None else 0)
+        self._file = open(path, "a", encoding="utf-8")
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+            purge = None if not resume_step else resume_step + 1
+            self._tb = SummaryWriter(logdir=os.path.join(output_dir, TB_DIR), purge_step=purge,
+                                     flush_secs=flush_secs)
+
+    def write(self, step: int, metrics: dict) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(dict(metrics, step=int(step)), allow_nan=True) + "\n")
+            self._file.flush()
+        if self._tb is not None:
+            for tag, value in scalars(metrics).items():
+                if tag != "step":
+                    self._tb.add_scalar(tag, value, global_step=int(step))
+
+    def write_text(self, tag: str, text: str, step: int = 0) -> None:
+        if self._tb is not None:
+            self._tb.add_text(tag, text, global_step=step)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}" if math.isfinite(x) else str(x)
+
+
+class Progress:
+    """Progress display. "bar": a tqdm bar with meta-loss, inner steps/s and ETA; "log": one plain
+    line per `update(..., metrics)` on stderr (for log files); "none": silent."""
+
+    def __init__(self, mode: str, total: int, initial: int = 0, desc: str = "outer"):
+        if mode not in ("bar", "log", "none"):
+            raise ValueError(f"progress mode must be 'bar', 'log' or 'none', got {mode!r}")
+        self.mode, self.total, self.n = mode, total, initial
+        self._t0, self._n0 = time.perf_counter(), initial
+        self._bar = None
+        if mode == "bar":
+            from tqdm.auto import tqdm
+            self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
+
+    def update(self, n: int = 1, metrics: Optional[dict] = None) -> None:
+        self.n += n
+        if self._bar is not None:
+            if metrics:
+                self._bar.set_postfix(meta_loss=_fmt(metrics.get("meta_loss", float("nan"))),
+                                      inner_steps_s=_fmt(metrics.get("inner_steps_per_s", float("nan"))),
+                                      dropped=int(metrics.get("num_dropped_total", 0)), refresh=False)
+            self._bar.update(n)
+        elif self.mode == "log" and metrics:
+            done = self.n - self._n0
+            rate = done / max(time.perf_counter() - self._t0, 1e-9)
+            eta = (self.total - self.n) / rate if rate > 0 else float("inf")
+            print(f"step {self.n}/{self.total} meta_loss={_fmt(metrics.get('meta_loss', float('nan')))} "
+                  f"inner_steps/s={_fmt(metrics.get('inner_steps_per_s', float('nan')))} "
+                  f"dropped={int(metrics.get('num_dropped_total', 0))} eta={eta:.0f}s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,217 @@
+#!/usr/bin/env python
+"""Evaluate a meta-trained optimizer against tuned baselines on a list of tasks.
+
+    python scripts/evaluate.py --theta run/theta_final.msgpack --task "QuadraticFamily(dim=10)" \
+        --task "ImageMLPFamily(hidden_sizes=(32,))" --num_steps 500 --num_seeds 3 --output_dir eval/
+    python scripts/evaluate.py --gin_file my_eval.gin --output_dir eval/     # evaluate.tasks = [...]
+
+Each task (a Task or TaskFamily; a family draws one task per seed) is trained for `num_steps`
+steps with the learned optimizer and with Adam and SGD with momentum, each over a 7-point
+log-spaced learning-rate grid, for every seed (same task draws and initialisations for every
+optimizer). Writes to output_dir:
+
+    results.csv   task, optimizer, learning_rate, seed, final_train_loss, eval_loss
+                  (final = mean train loss over the last 10% of steps)
+    curves.png    per task: train-loss curves, median over seeds with the min–max band, of the
+                  learned optimizer and the best-tuned Adam and SGD-momentum (best lr = lowest
+                  median final train loss)
+    results.md    Markdown table of the same comparison
+    curves.npz    the curves, [seeds, steps] per (task, optimizer, lr)
+
+A `--task` is a gin-style constructor call of a public tasks class, e.g. "QuadraticFamily(dim=4)".
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import os
+import sys
+from typing import Any, Optional, Sequence
+
+import gin
+import jax
+import numpy as np
+import optax
+
+import lopt
+import outer_trainers as ot
+import outer_trainers.gin_registry  # noqa: F401  (registers the public API with gin)
+from outer_trainers.evaluation import make_task_trainer
+from tasks.base import Task, TaskFamily, single_task_family
+
+ADAM_LRS = tuple(float(x) for x in np.logspace(-4, -1, 7))
+SGDM_LRS = tuple(float(x) for x in np.logspace(-3, 0, 7))
+
+
+def _final(losses: np.ndarray) -> np.ndarray:
+    """Mean of the last 10% of steps: losses [S, T] -> [S]."""
+    tail = max(1, losses.shape[-1] // 10)
+    return np.mean(losses[..., -tail:], axis=-1)
+
+
+def _score(finals: np.ndarray) -> float:
+    """Median over seeds; a non-finite run (diverged) makes the setting lose."""
+    return float(np.median(finals)) if np.all(np.isfinite(finals)) else float("inf")
+
+
+def run_task(family: TaskFamily, learned_opt: lopt.LearnedOptimizer, theta: Any, num_steps: int,
+             seeds: Sequence[int], adam_lrs: Sequence[float], sgdm_lrs: Sequence[float], momentum: float,
+             eval_split: str) -> list[dict]:
+    """Every optimizer setting on `len(seeds)` draws of `family`: a list of
+    {"optimizer", "learning_rate", "losses" [S, T], "evals" [S]}; one compile per optimizer."""
+    keys = [jax.random.key(s) for s in seeds]
+    cfgs = jax.vmap(family.sample)(jax.numpy.stack([jax.random.fold_in(k, 0) for k in keys]))
+    run_keys = jax.numpy.stack([jax.random.fold_in(k, 1) for k in keys])
+    runs = []
+
+    def go(name, make_tx, args, lrs):
+        trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split)
+        for lr, a in zip(lrs, args):
+            losses, evals = jax.device_get(trainer(a, cfgs, run_keys, family.data))
+            runs.append({"optimizer": name, "learning_rate": lr, "losses": np.asarray(losses, np.float64),
+                         "evals": np.asarray(evals, np.float64)})
+
+    go("learned", lambda th: learned_opt.opt_fn(th, num_steps=num_steps), [theta], [float("nan")])
+    as_lr = lambda lrs: [jax.numpy.asarray(lr, jax.numpy.float32) for lr in lrs]
+    go("adam", lambda lr: optax.adam(lr), as_lr(adam_lrs), list(adam_lrs))
+    go("sgdm", lambda lr: optax.sgd(lr, momentum=momentum), as_lr(sgdm_lrs), list(sgdm_lrs))
+    return runs
+
+
+def best_runs(runs: list[dict]) -> dict:
+    """{optimizer: its best run} (the learned optimizer has one)."""
+    best = {}
+    for r in runs:
+        cur = best.get(r["optimizer"])
+        if cur is None or _score(_final(r["losses"])) < _score(_final(cur["losses"])):
+            best[r["optimizer"]] = r
+    return best
+
+
+def write_csv(path: str, results: dict, seeds: Sequence[int]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "optimizer", "learning_rate", "seed", "final_train_loss", "eval_loss"])
+        for task, runs in results.items():
+            for r in runs:
+                for i, s in enumerate(seeds):
+                    w.writerow([task, r["optimizer"], "" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.6g}",
+                                s, f"{_final(r['losses'])[i]:.6g}", f"{r['evals'][i]:.6g}"])
+
+
+def markdown_table(results: dict, num_steps: int) -> str:
+    lines = [f"| task | optimizer | best lr | final train loss, median [min, max] over seeds | eval loss (median) |",
+             "|---|---|---|---|---|"]
+    for task, runs in results.items():
+        for name, r in best_runs(runs).items():
+            fin = _final(r["losses"])
+            lr = "—" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.3g}"
+            lines.append(f"| {task} | {name} | {lr} | {np.median(fin):.4g} [{np.min(fin):.4g}, {np.max(fin):.4g}] "
+                         f"| {np.median(r['evals']):.4g} |")
+    return f"Final losses after {num_steps} steps; baselines at their best learning rate.\n\n" + "\n".join(lines)
+
+
+def plot_curves(path: str, results: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = len(results)
+    fig, axes = plt.subplots(1, n, figsize=(5 * n, 4), squeeze=False)
+    for ax, (task, runs) in zip(axes[0], results.items()):
+        for name, r in best_runs(runs).items():
+            losses = r["losses"]
+            steps = np.arange(1, losses.shape[1] + 1)
+            label = name if np.isnan(r["learning_rate"]) else f"{name} (lr={r['learning_rate']:.2g})"
+            ax.plot(steps, np.median(losses, 0), label=label)
+            ax.fill_between(steps, np.min(losses, 0), np.max(losses, 0), alpha=0.2)
+        starts = [np.median(r["losses"][:, 0]) for r in runs if np.all(np.isfinite(r["losses"][:, 0]))]
+        if starts and np.isfinite(max(starts)):  # keep diverging curves from squashing the others
+            ax.set_ylim(top=max(10 * max(starts), 1e-12) if max(starts) > 0 else None)
+        ax.set_title(task)
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        if all(np.all(np.asarray(r["losses"]) > 0) for r in runs if np.all(np.isfinite(r["losses"]))):
+            ax.set_yscale("log")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+@gin.configurable
+def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence[Any] = gin.REQUIRED,
+             num_steps: int = 1000, num_seeds: int = 3, adam_lrs: Sequence[float] = ADAM_LRS,
+             sgdm_lrs: Sequence[float] = SGDM_LRS, momentum: float = 0.9, eval_split: str = "test") -> dict:
+    """Runs the comparison and writes results.csv, curves.png, results.md, curves.npz. Returns
+    {task name: runs} (see `run_task`)."""
+    learned_opt, theta = lopt.load_learned_optimizer(theta_path)
+    seeds = list(range(num_seeds))
+    results = {}
+    for t in tasks:
+        family = single_task_family(t) if isinstance(t, Task) else t
+        if not isinstance(family, TaskFamily):
+            raise TypeError(f"evaluate.tasks must hold Tasks or TaskFamilies, got {type(t).__name__}")
+        name = family.name if family.name not in results else f"{family.name}_{len(results)}"
+        results[name] = run_task(family, learned_opt, theta, num_steps, seeds, adam_lrs, sgdm_lrs, momentum,
+                                 eval_split)
+    os.makedirs(output_dir, exist_ok=True)
+    write_csv(os.path.join(output_dir, "results.csv"), results, seeds)
+    plot_curves(os.path.join(output_dir, "curves.png"), results)
+    table = markdown_table(results, num_steps)
+    with open(os.path.join(output_dir, "results.md"), "w", encoding="utf-8") as f:
+        f.write(f"# Learned optimizer ({learned_opt.name}) vs tuned baselines\n\n{table}\n")
+    np.savez(os.path.join(output_dir, "curves.npz"),
+             **{f"{t}/{r['optimizer']}/{r['learning_rate']:.6g}": r["losses"] for t, runs in results.items()
+                for r in runs})
+    print(table)
+    return results
+
+
+def task_bindings(specs: Sequence[str]) -> list[str]:
+    """gin bindings for `--task` specs: "QuadraticFamily(dim=4)" -> scoped bindings
+    `task0/QuadraticFamily.dim = 4` plus `evaluate.tasks = [@task0/QuadraticFamily()]`."""
+    bindings, refs = [], []
+    for i, spec in enumerate(specs):
+        try:
+            call = ast.parse(spec.strip(), mode="eval").body
+            if isinstance(call, ast.Name):
+                call = ast.Call(func=call, args=[], keywords=[])
+            if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name) or call.args:
+                raise ValueError("expected Name(key=value, ...)")
+            for kw in call.keywords:
+                bindings.append(f"task{i}/{call.func.id}.{kw.arg} = {ast.unparse(kw.value)}")
+        except (SyntaxError, ValueError) as e:
+            raise SystemExit(f"error: bad --task {spec!r} ({e}); write e.g. 'QuadraticFamily(dim=4)'")
+        refs.append(f"@task{i}/{call.func.id}()")
+    return bindings + ([f"evaluate.tasks = [{', '.join(refs)}]"] if refs else [])
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output_dir", required=True)
+    p.add_argument("--theta", help="a theta_final.msgpack (sets evaluate.theta_path)")
+    p.add_argument("--task", action="append", default=[], help="e.g. 'QuadraticFamily(dim=4)' (repeatable)")
+    p.add_argument("--num_steps", type=int)
+    p.add_argument("--num_seeds", type=int)
+    p.add_argument("--gin_file", action="append", default=[])
+    p.add_argument("--gin_param", action="append", default=[])
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    from outer_train import load_config  # same gin error handling as the training script
+    args = parse_args(argv)
+    params = list(args.gin_param) + task_bindings(args.task)
+    if args.theta:
+        params.append(f"evaluate.theta_path = {args.theta!r}")
+    for flag in ("num_steps", "num_seeds"):
+        if getattr(args, flag) is not None:
+            params.append(f"evaluate.{flag} = {getattr(args, flag)}")
+    load_config(args.gin_file, params)
+    return evaluate(args.output_dir)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()
