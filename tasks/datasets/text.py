@@ -40,7 +40,11 @@ def byte_sequences(source: Union[str, os.PathLike, bytes], batch_size: int = 32,
         raise ValueError(f"seq_len must be >= 2 (inputs and next-byte targets), got {seq_len}")
     stride = int(stride or seq_len)
     stream = np.frombuffer(raw, np.uint8)
-    counts = split_fractions_to_counts(stream.size, fractions)
+    try:
+        counts = split_fractions_to_counts(stream.size, fractions)
+    except ValueError as e:
+        raise ValueError(f"{name}: {stream.size} bytes are too few for four splits of windows with "
+                         f"seq_len={seq_len} (fewer than seq_len bytes per split): {e}") from None
     splits, start = {}, 0
     for split, c in zip(SPLITS, counts):
         win = _windows(stream[start:start + c], seq_len, stride)
