@@ -131,23 +131,20 @@ def _structure_diff(saved: list, want: list) -> str:
     return ""
 
 
+def _describe(got: Any, want: Any) -> str:
+    """What differs between a saved and an expected metadata value, in words."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        keys = sorted(x for x in set(got) | set(want) if got.get(x) != want.get(x))
+        return "; ".join(f"{x}: {_describe(got.get(x), want.get(x))}" for x in keys)
+    if isinstance(got, list) and isinstance(want, list) and all(isinstance(x, str) for x in got + want):
+        return (f"only in checkpoint: {[x for x in got if x not in want]}; "
+                f"only here: {[x for x in want if x not in got]}")
+    return f"saved {got!r}, here {want!r}"
+
+
 def check_meta(path: str, saved: dict, expect: dict) -> None:
     """Raises ValueError naming every key of `expect` whose saved value differs."""
-    diffs = []
-    for k, want in expect.items():
-        got = saved.get(k)
-        if got == want:
-            continue
-        if isinstance(got, dict) and isinstance(want, dict):
-            keys = sorted(x for x in set(got) | set(want) if got.get(x) != want.get(x))
-            detail = "; ".join(f"{x}: saved {got.get(x)!r}, here {want.get(x)!r}" for x in keys)
-        elif isinstance(got, list) and isinstance(want, list) and all(isinstance(x, str) for x in got + want):
-            only_saved = [x for x in got if x not in want]
-            only_here = [x for x in want if x not in got]
-            detail = f"only in checkpoint: {only_saved}; only here: {only_here}"
-        else:
-            detail = f"saved {got!r}, here {want!r}"
-        diffs.append(f"{k} ({detail})")
+    diffs = [f"{k} ({_describe(saved.get(k), want)})" for k, want in expect.items() if saved.get(k) != want]
     if diffs:
         raise ValueError(f"checkpoint {path} does not match this run: " + " | ".join(diffs) +
                          ". Resume with the same learned optimizer and config, or use a new output_dir.")

@@ -1,6 +1,7 @@
 """Training sampled tasks with any optax optimizer, to compare learned optimizers with baselines.
 
-    curves = train_tasks(family, make_tx, tx_args, cfgs, key, num_steps)
+    trainer = make_task_trainer(family, make_tx, num_steps)
+    losses, evals = trainer(tx_args, cfgs, keys, family.data)
 
 trains every task cfg (vmapped) for `num_steps` with `make_tx(tx_args)` (tx_args traced, so an
 lr grid or a new theta reuses one compiled program) and returns per-step train losses
@@ -15,42 +16,31 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from outer_trainers.train_model import eval_loss, init_train_state, train_step
 from tasks.base import TaskFamily
 
 MakeTx = Callable[[Any], optax.GradientTransformation]
 
 
-def _eval_loss(task, params, model_state, data, key, split, num_batches):
-    if data is None:
-        return task.loss_with_state(params, model_state, key, None)[0]
-    keys = jax.random.split(key, num_batches)
-    return jnp.mean(jax.vmap(lambda k: task.loss_with_state(params, model_state, k, data.batch(k, split))[0])(keys))
-
-
 def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, eval_split: str = "test",
-                      eval_batches: int = 8):
-    """A jitted fn(tx_args, cfgs, key, data) -> (train_losses [T, S], eval_losses [T])."""
+                      eval_batches: int = 8, normalize: bool = False):
+    """A jitted fn(tx_args, cfgs, key, data) -> (train_losses [T, S], eval_losses [T]).
+
+    Each task runs `train_model`'s `init_train_state` / `train_step` under `lax.scan`, vmapped over
+    the T cfgs and keys; `tx_args` is traced (one compile for every lr or theta). With
+    `normalize`, losses pass through each task's `normalizer` (comparable across tasks)."""
 
     def train_one(tx_args, cfg, key, data):
         task = family.task_fn(cfg)
         tx = make_tx(tx_args)
         k_init, k_train, k_eval = jax.random.split(key, 3)
-        params, model_state = task.init_with_state(k_init)
-        opt_state = tx.init(params)
-
-        def body(carry, k):
-            params, model_state, opt_state = carry
-            k_data, k_loss = jax.random.split(k)
-            batch = data.batch(k_data, "train") if data is not None else None
-            (loss, model_state), grads = jax.value_and_grad(task.loss_with_state, has_aux=True)(
-                params, model_state, k_loss, batch)
-            updates, opt_state = tx.update(grads, opt_state, params, loss=loss) \
-                if isinstance(tx, optax.GradientTransformationExtraArgs) else tx.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), model_state, opt_state), loss
-
-        (params, model_state, _), losses = jax.lax.scan(body, (params, model_state, opt_state),
-                                                         jax.random.split(k_train, num_steps))
-        return losses, _eval_loss(task, params, model_state, data, k_eval, eval_split, eval_batches)
+        state = init_train_state(task, tx, k_init)
+        state, losses = jax.lax.scan(lambda s, k: train_step(task, tx, s, data, k), state,
+                                     jax.random.split(k_train, num_steps))
+        final = eval_loss(task, state.params, state.model_state, data, k_eval, eval_split, eval_batches)
+        if normalize:
+            losses, final = task.normalizer(losses), task.normalizer(final)
+        return losses, final
 
     return jax.jit(jax.vmap(train_one, in_axes=(None, 0, 0, None)))
 

@@ -129,3 +129,28 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def read_event_scalars(logdir: str) -> dict:
+    """{tag: [(step, value), ...]} from the TensorBoard event files under `logdir`, read with
+    tensorboardX's protobufs (TFRecord framing; CRCs not checked). For tests and quick looks."""
+    import struct as _struct
+
+    from tensorboardX.proto import event_pb2
+    out: dict = {}
+    files = sorted(os.path.join(d, f) for d, _, fs in os.walk(logdir) for f in fs if "tfevents" in f)
+    for path in files:
+        with open(path, "rb") as f:
+            raw = f.read()
+        pos = 0
+        while pos + 12 <= len(raw):
+            (length,) = _struct.unpack("<Q", raw[pos:pos + 8])
+            data = raw[pos + 12:pos + 12 + length]
+            pos += 12 + length + 4
+            if len(data) < length:
+                break  # a record cut short by a kill
+            event = event_pb2.Event.FromString(data)
+            for v in event.summary.value:
+                if v.HasField("simple_value"):
+                    out.setdefault(v.tag, []).append((int(event.step), float(v.simple_value)))
+    return out
