@@ -1,0 +1,103 @@
+"""Augmentation semantics, host-side family sampling, and small task-specific facts."""
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import tasks
+from tasks.functions2d import FUNCTIONS
+
+
+@pytest.fixture(scope="module")
+def quad():
+    return tasks.QuadraticFamily(6, normalize=True)
+
+
+def _grad(task, params, state, key, batch=None):
+    return jax.grad(lambda p: task.loss_with_state(p, state, key, batch)[0])(params)
+
+
+def test_scale_reparam_rescales_params_and_grads(quad):
+    fam = tasks.ScaleReparam(quad, (0.1, 10.0))
+    cfg = fam.sample(jax.random.key(0))
+    task, inner = fam.task_fn(cfg), quad.task_fn(cfg["inner"])
+    c = cfg["scales"]["x"]
+    (p, s), (pi, si) = task.init_with_state(jax.random.key(1)), inner.init_with_state(jax.random.key(1))
+    chex.assert_trees_all_close(p["x"] * c, pi["x"], rtol=1e-6)
+    np.testing.assert_allclose(task.loss_with_state(p, s, jax.random.key(2), None)[0],
+                               inner.loss_with_state(pi, si, jax.random.key(2), None)[0], rtol=1e-6)
+    chex.assert_trees_all_close(_grad(task, p, s, jax.random.key(2))["x"],
+                                c * _grad(inner, pi, si, jax.random.key(2))["x"], rtol=1e-5)
+
+
+def test_gradient_noise_keeps_value_changes_grad(quad):
+    fam = tasks.GradientNoise(quad, (0.5, 0.5))
+    cfg = fam.sample(jax.random.key(0))
+    task, inner = fam.task_fn(cfg), quad.task_fn(cfg["inner"])
+    p, s = task.init_with_state(jax.random.key(1))
+    k = jax.random.key(2)
+    k_inner = jax.random.split(k)[0]
+    np.testing.assert_allclose(task.loss_with_state(p, s, k, None)[0], inner.loss_with_state(p, s, k_inner, None)[0],
+                               rtol=1e-6)
+    diff = _grad(task, p, s, k)["x"] - _grad(inner, p, s, k_inner)["x"]
+    assert 0.1 < float(jnp.std(diff)) < 1.5  # ~N(0, 0.5²) per entry
+
+
+def test_reduced_batch_size_and_init_loss_normalisation():
+    reg = tasks.LinearRegressionFamily(4, batch_size=32, num_examples=256)
+    small = tasks.ReducedBatchSize(reg, 8)
+    assert small.data.batch(jax.random.key(0))["x"].shape == (8, 4)
+    assert small.task_fn(small.sample(jax.random.key(0))).data.batch_size == 8
+    with pytest.raises(ValueError, match="batch_size"):
+        tasks.ReducedBatchSize(reg, 64)
+    fam = tasks.NormalizeByInitialLoss(reg)
+    task = fam.task_fn(fam.sample(jax.random.key(0)))
+    p, s = task.init_with_state(jax.random.key(1))
+    b = reg.data.batch(jax.random.key(2))
+    l1, s1 = task.loss_with_state(p, s, jax.random.key(3), b)
+    np.testing.assert_allclose(l1, 1.0, rtol=1e-6)
+    p2 = jax.tree_util.tree_map(lambda x: 0.5 * x, p)
+    l2, s2 = task.loss_with_state(p2, s1, jax.random.key(3), b)
+    inner = reg.task_fn(fam.sample(jax.random.key(0)))
+    np.testing.assert_allclose(l2 * s1["initial_loss"], inner.loss(p2, jax.random.key(3), b), rtol=1e-5)
+    assert float(s2["initial_loss"]) == float(s1["initial_loss"])
+
+
+def test_host_samplers_are_deterministic_and_varied():
+    a = [tasks.sample_task_family(s).name for s in range(12)]
+    assert a == [tasks.sample_task_family(s).name for s in range(12)]
+    assert len({n.split("_family")[0].split("_dim")[0] for n in a}) >= 3
+    fam = tasks.sample_image_mlp(np.random.default_rng(3))
+    assert isinstance(fam, tasks.ImageMLPFamily) and fam.dataset in ("digits", "signals1d")
+    assert tasks.sample_conv(jax.random.key(1)).name == tasks.sample_conv(jax.random.key(1)).name
+    aug = [tasks.sample_task_family(s, augment_prob=1.0).name for s in range(12)]
+    assert any(k in n for n in aug for k in ("reparam", "gradnoise", "initnorm", "_bs"))
+
+
+def test_family_schedule_hook():
+    sched = tasks.FamilySchedule(every=3, seed=7, sampler=tasks.sample_quadratic)
+    fams = [sched(i) for i in range(7)]
+    assert fams[0] is fams[1] is fams[2] and fams[3] is fams[5] and fams[3] is not fams[2]
+    assert [sched.changed(i) for i in range(7)] == [True, False, False, True, False, False, True]
+    again = tasks.FamilySchedule(every=3, seed=7, sampler=tasks.sample_quadratic)
+    assert again(4).name == fams[4].name
+
+
+def test_classic_functions_minima():
+    for xy in [(1.0, 1.0)]:
+        assert float(FUNCTIONS["rosenbrock"][0](jnp.array(xy))) == 0.0
+    assert float(FUNCTIONS["himmelblau"][0](jnp.array([3.0, 2.0]))) == 0.0
+    assert float(FUNCTIONS["beale"][0](jnp.array([3.0, 0.5]))) == 0.0
+    t = tasks.RosenbrockTask()
+    np.testing.assert_allclose(t.normalizer(t.loss(t.init(jax.random.key(0)), None)), 1.0)
+
+
+def test_stateful_tasks_refuse_plain_loss():
+    d = tasks.get_dataset("digits", 8)
+    t = tasks.ImageMLPTask(d, (8,), norm="batch")
+    p, s = t.init_with_state(jax.random.key(0))
+    with pytest.raises(NotImplementedError, match="loss_with_state"):
+        t.loss(p, None, d.batch(jax.random.key(1)))
+    with pytest.raises(ValueError, match="norm"):
+        tasks.ImageMLPTask(d, (8,), norm="group")
