@@ -80,7 +80,8 @@ class LOptTruncatedStep(TruncatedStep):
 
     def _advance(self, theta, state: LOptInnerState, key, outer_state, data):
         """One inner step without the reset: (advanced state, StepOut, reset key)."""
-        k_data, k_loss, k_meta, k_trunc, k_reset = jax.random.split(key, 5)
+        k_data, k_loss, k_reset = jax.random.split(key, 3)
+        k_meta = jax.random.fold_in(k_loss, 1) if self.meta_loss_split is not None else None
         data = self.task_family.data if data is None else data
         task = self.task_family.task_fn(state.task_cfg)
         batch = data.batch(k_data, "train") if data is not None else None
@@ -98,7 +99,9 @@ class LOptTruncatedStep(TruncatedStep):
             meta_loss = task.normalizer(task.loss_with_state(params, model_state, k_meta, meta_batch)[0])
 
         inner_step = state.inner_step + 1
-        trunc_state, is_done = self.trunc_sched.next_state(state.trunc_state, inner_step, k_trunc, outer_state)
+        # A finished episode is re-initialised (fresh length included) by the reset, so only the test is needed.
+        trunc_state = state.trunc_state
+        is_done = self.trunc_sched.done(trunc_state, inner_step, outer_state)
         finite = jnp.isfinite(loss) & jnp.isfinite(meta_loss) & _all_finite(params)
         is_done = is_done | ~finite
         advanced = LOptInnerState(state.task_cfg, params, model_state, opt_state, inner_step, trunc_state)

@@ -4,7 +4,8 @@
     trunc_state, is_done = sched.next_state(trunc_state, step, key, outer_state)
 
 `step` is the number of inner steps taken in the current episode; when it reaches the
-length the episode is done and a fresh length is drawn. Schedules are frozen dataclasses,
+length the episode is done and a fresh length is drawn. `done(trunc_state, step)` is the same
+test without drawing (a step that resets re-initialises its truncation state anyway). Schedules are frozen dataclasses,
 hashable by value.
 """
 from __future__ import annotations
@@ -29,9 +30,14 @@ class TruncationSchedule:
     def init(self, key: jax.Array, outer_state: Optional[Any] = None) -> TruncationState:
         raise NotImplementedError
 
+    def done(self, trunc_state: TruncationState, step: jax.Array, outer_state: Optional[Any] = None) -> jax.Array:
+        """Whether an episode with `trunc_state` is over after `step` inner steps (no randomness)."""
+        del outer_state
+        return step >= trunc_state.length
+
     def next_state(self, trunc_state: TruncationState, step: jax.Array, key: jax.Array,
                    outer_state: Optional[Any] = None) -> tuple[TruncationState, jax.Array]:
-        is_done = step >= trunc_state.length
+        is_done = self.done(trunc_state, step, outer_state)
         fresh = self.init(key, outer_state)
         new = jax.tree_util.tree_map(lambda a, b: jnp.where(is_done, a, b), fresh, trunc_state)
         return new, is_done
@@ -78,6 +84,10 @@ class NeverEndingTruncationSchedule(TruncationSchedule):
         del key, outer_state
         return TruncationState(length=jnp.asarray(NEVER, jnp.int32))
 
+    def done(self, trunc_state, step, outer_state=None):
+        del trunc_state, step, outer_state
+        return jnp.zeros((), bool)
+
     def next_state(self, trunc_state, step, key, outer_state=None):
-        del step, key, outer_state
-        return trunc_state, jnp.zeros((), bool)
+        del key
+        return trunc_state, self.done(trunc_state, step, outer_state)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 
 from outer_trainers.truncated_step import StepOut, TruncatedStep
@@ -20,11 +21,14 @@ def tree_stack_pm(theta: Any, eps: Any) -> Any:
 
 
 def sample_perturbations(theta: Any, key: jax.Array, num: int, std: float) -> Any:
-    """ε ~ N(0, std² I) shaped like theta with a leading [num] axis (float32)."""
-    leaves, treedef = jax.tree_util.tree_flatten(theta)
-    keys = jax.random.split(key, len(leaves))
-    eps = [std * jax.random.normal(k, (num,) + jnp.shape(x), jnp.result_type(x)) for k, x in zip(keys, leaves)]
-    return jax.tree_util.tree_unflatten(treedef, eps)
+    """ε ~ N(0, std² I) shaped like theta with a leading [num] axis.
+
+    One normal draw over the flattened theta (not one per leaf): every random-bits call site
+    is a separate threefry kernel for XLA to compile.
+    """
+    flat, unravel = jax.flatten_util.ravel_pytree(theta)
+    eps = std * jax.random.normal(key, (num,) + flat.shape, flat.dtype)
+    return jax.vmap(unravel)(eps)
 
 
 def init_particles(ts: TruncatedStep, theta: Any, key: jax.Array, num: int, *, outer_state: Optional[Any] = None,
@@ -64,14 +68,15 @@ def unroll(ts: TruncatedStep, thetas: Any, states: Any, key: jax.Array, num_step
     if num % key_groups:
         raise ValueError(f"{num} particles do not split into {key_groups} key groups")
 
-    def body(carry, k):
-        keys = jax.random.split(k, num // key_groups)
-        if key_groups > 1:
-            keys = jnp.concatenate([keys] * key_groups, axis=0)
-        return ts.batched_step(thetas, carry, keys, theta_batched=theta_batched, outer_state=outer_state,
-                               data=data)
+    # All step keys in one draw ([T, P/g] -> tiled to [T, P]): one threefry kernel to compile.
+    keys = jax.random.split(key, (num_steps, num // key_groups))
+    if key_groups > 1:
+        keys = jnp.concatenate([keys] * key_groups, axis=1)
 
-    return jax.lax.scan(body, states, jax.random.split(key, num_steps))
+    def body(carry, ks):
+        return ts.batched_step(thetas, carry, ks, theta_batched=theta_batched, outer_state=outer_state, data=data)
+
+    return jax.lax.scan(body, states, keys)
 
 
 def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
