@@ -2,6 +2,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -67,3 +68,81 @@ def test_outer_train_needs_estimators(quad_setup):
     lo, _ = quad_setup
     with pytest.raises(ValueError, match="GradientEstimator"):
         ot.outer_train(ot.GradientLearner(lo, optax.adam(0.1)), [], num_steps=1)
+
+
+# ---- summaries, non-finite estimates, meta-evaluation ----------------------------------------------
+
+from outer_trainers.summaries import read_event_scalars  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    family = tasks.QuadraticFamily(dim=4)
+    lo = lopt.LearnableSGD(1e-2)
+    step = ot.LOptTruncatedStep(family, lo, ot.ConstantTruncationSchedule(12))
+    est = ot.TruncatedPES(step, num_tasks=2, trunc_length=4, std=0.05)
+    evaluator = ot.MetaEvaluator(lo, [family], num_tasks=2, num_steps=10, seed=7)
+    return lo, est, evaluator
+
+
+def test_tensorboard_and_jsonl_carry_the_same_scalars(tiny, tmp_path, capsys):
+    lo, est, evaluator = tiny
+    learner = ot.GradientLearner(lo, optax.adam(0.05))
+    ot.outer_train(learner, [est], 4, output_dir=str(tmp_path), progress="log", meta_evaluator=evaluator,
+                   eval_every=2)
+    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    tb = read_event_scalars(str(tmp_path / "tb"))
+    expected = {"meta_loss", "grad_norm", "theta_norm", "inner_steps_per_s", "num_dropped", "num_dropped_total",
+                "meta_loss/TruncatedPES/quadratic_dim4", "eval/quadratic_dim4/final_loss",
+                "eval/quadratic_dim4/mean_loss", "eval/final_loss"}
+    assert expected <= set(tb), sorted(tb)
+    assert [s for s, _ in tb["meta_loss"]] == [1, 2, 3, 4]
+    assert [s for s, _ in tb["eval/final_loss"]] == [2, 4]
+    for line in lines:
+        for k, v in line.items():
+            if k != "step":
+                assert dict(tb[k])[line["step"]] == pytest.approx(v, rel=1e-6)
+    assert "step 4/4" in capsys.readouterr().err
+
+
+def test_meta_evaluator_compiles_once_and_ranks_thetas(tiny, compile_counter):
+    lo, _, evaluator = tiny
+    slow = evaluator(lo.init(jax.random.key(0)))
+    with compile_counter() as c:
+        fast = evaluator({"log_lr": jnp.asarray(np.log(0.3), jnp.float32)})
+    assert c.count == 0
+    assert fast["eval/final_loss"] < 0.5 * slow["eval/final_loss"]
+    assert set(fast) == {"eval/quadratic_dim4/final_loss", "eval/quadratic_dim4/mean_loss",
+                         "eval/quadratic_dim4/eval_loss", "eval/final_loss", "eval/mean_loss", "eval/eval_loss"}
+
+
+class NaNOnOddSteps(ot.GradientEstimator):
+    """Wraps an estimator; its estimate (loss and grad) is NaN on odd outer iterations."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        super().__init__(inner.truncated_step)
+
+    def _init_state(self, theta, key, outer_state, data):
+        return self.inner._init_state(theta, key, outer_state, data)
+
+    def _estimate(self, theta, state, key, outer_state, data):
+        state, est = self.inner._estimate(theta, state, key, outer_state, data)
+        bad = outer_state % 2 == 1
+        nan = lambda x: jnp.where(bad, jnp.nan, x)
+        return state, est.replace(loss=nan(est.loss), grad=jax.tree_util.tree_map(nan, est.grad))
+
+
+def test_nonfinite_estimates_are_dropped_counted_and_logged(tiny, tmp_path):
+    lo, est, _ = tiny
+    learner = ot.GradientLearner(lo, optax.adam(0.05))
+    with pytest.warns(RuntimeWarning, match="non-finite meta-loss or gradient"):
+        state = ot.outer_train(learner, [NaNOnOddSteps(est)], 6, output_dir=str(tmp_path), progress=False)
+    assert state.step == 6 and int(state.learner_state.step) == 3  # only the finite updates applied
+    assert np.isfinite(float(state.theta["log_lr"]))
+    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    assert [l["num_dropped"] for l in lines] == [0, 1, 0, 1, 0, 1]
+    assert [l["num_dropped_total"] for l in lines] == [0, 1, 1, 2, 2, 3]
+    assert np.isfinite(lopt.load_theta(str(tmp_path / "theta_final.msgpack"))["log_lr"])
+    tb = read_event_scalars(str(tmp_path / "tb"))
+    assert [v for _, v in tb["num_dropped"]] == [0, 1, 0, 1, 0, 1]

@@ -1,0 +1,132 @@
+"""The gin-configured entry point: quickstart end to end (short), and its error paths."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lopt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "outer_train.py")
+QUICKSTART = os.path.join(ROOT, "scripts", "configs", "quickstart.gin")
+
+
+def _run(*args, timeout=600):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT)
+
+
+@pytest.mark.slow
+def test_quickstart_runs_with_overridden_steps(tmp_path):
+    out = tmp_path / "run"
+    r = _run("--gin_file", QUICKSTART, "--output_dir", str(out),
+             "--gin_param", "train.num_steps = 3", "--gin_param", "train.eval_num_steps = 20",
+             "--gin_param", "train.eval_num_tasks = 2", "--gin_param", "train.progress = False")
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert [l["step"] for l in lines] == [1, 2, 3]
+    lo, theta = lopt.load_learned_optimizer(str(out / "theta_final.msgpack"))
+    assert isinstance(lo, lopt.MLPLOpt)
+    table = (out / "comparison.md").read_text()
+    assert "| learned |" in table and "(best Adam)" in table
+    assert "| learned |" in r.stdout
+    assert "train.num_steps = 3" in (out / "config.gin").read_text()
+
+
+def test_unknown_gin_binding_fails_before_compiling(tmp_path):
+    bad = tmp_path / "bad.gin"
+    bad.write_text(open(QUICKSTART).read() + "\nTruncatedPES.stdd = 0.1\n")
+    r = _run("--gin_file", str(bad), "--output_dir", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "stdd" in r.stderr and "bad.gin" in r.stderr
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+def test_unknown_configurable_name(tmp_path):
+    r = _run("--gin_file", QUICKSTART, "--output_dir", str(tmp_path / "o"),
+             "--gin_param", "train.learned_opt = @NoSuchLOpt()")
+    assert r.returncode == 2
+    assert "NoSuchLOpt" in r.stderr
+
+
+def test_missing_gin_file(tmp_path):
+    r = _run("--gin_file", str(tmp_path / "nope.gin"), "--output_dir", str(tmp_path / "o"))
+    assert r.returncode != 0 and "nope.gin" in r.stderr
+
+
+# ---- configs, resume through the script ------------------------------------------------------------
+
+import gin  # noqa: E402
+
+import outer_trainers as ot  # noqa: E402
+import tasks  # noqa: E402
+
+CONFIGS = ["quickstart", "pes_mlplopt_image_mlp", "adafac_fashion_mnist", "nres"]
+
+
+def _data_present(name):
+    try:
+        tasks.get_dataset(name, 8)
+        return True
+    except Exception:
+        return False
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_parses_and_binds(name):
+    import outer_train  # noqa: F401  (scripts/ is on sys.path via conftest; registers train)
+    gin.clear_config()
+    try:
+        gin.parse_config_files_and_bindings([os.path.join(ROOT, "scripts", "configs", f"{name}.gin")], [])
+        build = lambda p: gin.query_parameter(p).scoped_configurable_fn()
+        assert isinstance(build("train.learned_opt"), lopt.LearnedOptimizer)
+        assert isinstance(build("train.trunc_sched"), ot.TruncationSchedule)
+        assert hasattr(build("train.outer_opt"), "update")
+        for ref in gin.query_parameter("train.estimators"):
+            assert issubclass(ref.configurable.wrapped, ot.GradientEstimator)
+        dataset = gin.query_parameter("ImageMLPFamily.dataset")
+        if _data_present(dataset):
+            assert isinstance(build("train.task_family"), tasks.TaskFamily)
+    finally:
+        gin.clear_config()
+
+
+TINY = """
+train.task_family = @QuadraticFamily()
+QuadraticFamily.dim = 4
+train.learned_opt = @LearnableSGD()
+LearnableSGD.learning_rate = 0.01
+train.trunc_sched = @ConstantTruncationSchedule()
+ConstantTruncationSchedule.length = 12
+train.estimators = [@TruncatedPES]
+TruncatedPES.num_tasks = 2
+TruncatedPES.trunc_length = 4
+TruncatedPES.std = 0.05
+train.outer_opt = @optax.adam()
+optax.adam.learning_rate = 0.05
+train.progress = False
+train.checkpoint_every_steps = 1
+"""
+
+
+def test_rerun_resumes_and_a_changed_config_is_refused(tmp_path):
+    import outer_train
+    cfg = tmp_path / "tiny.gin"
+    cfg.write_text(TINY)
+    out = str(tmp_path / "run")
+    run = lambda *params: outer_train.main(["--gin_file", str(cfg), "--output_dir", out] +
+                                           [a for p in params for a in ("--gin_param", p)])
+    try:
+        gin.clear_config()
+        assert run("train.num_steps = 2").step == 2
+        gin.clear_config()
+        assert run("train.num_steps = 4").step == 4  # run length may change: resumes at 2
+        assert [json.loads(l)["step"] for l in open(os.path.join(out, "metrics.jsonl"))] == [1, 2, 3, 4]
+        assert os.path.exists(os.path.join(out, "tb"))
+        gin.clear_config()
+        with pytest.raises(ValueError, match=r"only in checkpoint: \['TruncatedPES.std = 0.05'\]"):
+            run("train.num_steps = 5", "TruncatedPES.std = 0.1")
+    finally:
+        gin.clear_config()
