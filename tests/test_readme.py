@@ -34,3 +34,17 @@ def test_readme_snippet_names_exist():
                              "GradientLearner", "outer_train"])):
         for n in names:
             assert hasattr(mod, n), f"{mod.__name__}.{n} is in the README but not in the package"
+
+
+def test_readme_notebook_snippet_runs(tmp_path):
+    """Executes the README's notebook snippet (with fewer outer steps) and checks its promise."""
+    import optax
+
+    readme = _read("README.md")
+    code = re.search(r"## In a notebook\s+```python\n(.*?)```", readme, re.S).group(1)
+    assert "num_steps=100" in code
+    namespace = {}
+    exec(compile(code.replace("num_steps=100", "num_steps=2"), "README.md", "exec"), namespace)
+    tx = namespace["tx"]
+    assert isinstance(tx, optax.GradientTransformationExtraArgs)
+    assert namespace["state"].step == 2
