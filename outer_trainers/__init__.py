@@ -15,6 +15,9 @@ from outer_trainers.full_grad import FullGrad
 from outer_trainers.noise_reuse_es import NoiseReuseES
 from outer_trainers.truncated_grad import TruncatedGrad
 from outer_trainers.truncated_pes_pmap import TruncatedPESPMAP
+from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy
+from outer_trainers.meta_eval import MetaEvaluator
+from outer_trainers.train_model import TrainResult, TrainState, train_model
 
 __all__ = [
     "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
@@ -23,4 +26,5 @@ __all__ = [
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state",
     "compare_optimizers", "format_comparison", "make_task_trainer",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
+    "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",
 ]

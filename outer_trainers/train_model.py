@@ -164,7 +164,7 @@ def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num
                                    expect={"kind": "train_model", "num_steps": int(num_steps)})
         if found is not None:
             restored = found[0]
-            state, losses = restored["state"], np.asarray(restored["losses"])
+            state, losses = restored["state"], np.array(restored["losses"])
             if sharding is not None:
                 state = jax.device_put(state, NamedSharding(sharding.mesh, P()))
 
