@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import lopt
 import outer_trainers as ot
@@ -21,6 +22,7 @@ def test_learner_combines_estimates_with_weights():
     np.testing.assert_allclose(float(m["meta_loss"]), (3 * 0.5 + 1.5) / 4, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_outer_train_with_pes_on_two_task_families():
     learned = lopt.LearnableSGDM(0.05, 0.5)
     sched = ot.ConstantTruncationSchedule(6)

@@ -15,6 +15,7 @@ def random_family_step():
                                 ot.ConstantTruncationSchedule(9))
 
 
+@pytest.mark.slow
 def test_full_length_truncation_equals_full_grad(random_family_step):
     """Random tasks, random init, noisy gradients: the same keys give the same gradient."""
     ts, theta = random_family_step, C.theta0()
@@ -28,6 +29,7 @@ def test_full_length_truncation_equals_full_grad(random_family_step):
     assert np.all(C.flat(full.grad) != 0)
 
 
+@pytest.mark.slow
 def test_remat_and_carried_state(random_family_step):
     ts, theta = random_family_step, C.theta0()
     a, b = ot.TruncatedGrad(ts, 3, 4), ot.TruncatedGrad(ts, 3, 4, remat=True)

@@ -36,6 +36,7 @@ def _assert_matches_pes(ts, theta, n, num_devices, offset=0):
     return est, s
 
 
+@pytest.mark.slow
 def test_single_device_matches_truncated_pes():
     _assert_matches_pes(C.quadratic_step(), C.theta0(), 8, num_devices=1, offset=5)
 
