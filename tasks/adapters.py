@@ -146,7 +146,7 @@ class NNXTask(_AdaptedTask):
             self._make = make_module
         self.graphdef, params, rest = nnx.split(instance, nnx.Param, ...)
         self._templates = (params, rest)
-        self._fixed = None if self._make is not None else (params.to_pure_dict(), rest.to_pure_dict())
+        self._fixed = None if self._make is not None else (nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
         self._stateful = bool(jax.tree_util.tree_leaves(rest))
         self.apply_kwargs = dict(apply_kwargs or {})
 
@@ -155,7 +155,7 @@ class NNXTask(_AdaptedTask):
         if self._make is None:
             return self._fixed
         _, params, rest = self._nnx.split(self._make(self._nnx.Rngs(key)), self._nnx.Param, ...)
-        return params.to_pure_dict(), rest.to_pure_dict()
+        return self._nnx.to_pure_dict(params), self._nnx.to_pure_dict(rest)
 
     def _state(self, template, pure):
         state = jax.tree_util.tree_map(lambda x: x, template)
@@ -169,7 +169,7 @@ class NNXTask(_AdaptedTask):
         model.train()
         out = model(self._inputs(batch), **self.apply_kwargs)
         _, _, rest = self._nnx.split(model, self._nnx.Param, ...)
-        return self.loss_fn(out, batch), rest.to_pure_dict()
+        return self.loss_fn(out, batch), self._nnx.to_pure_dict(rest)
 
 
 
