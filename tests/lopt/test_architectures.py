@@ -1,0 +1,175 @@
+"""Contract tests shared by every learned-optimizer architecture in lopt.
+
+Tiny params trees (a matrix, a bf16-able vector, a scalar, a 0-size leaf) keep compiles short.
+"""
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.core import FrozenDict
+
+import lopt
+
+ARCHS = {
+    "MLPLOpt": lambda: lopt.MLPLOpt(hidden_size=8, use_num_steps=True),
+    # one decay per accumulator kind: the same code paths with 10 features instead of 28 (compile time)
+    "AdafacMLPLOpt": lambda: lopt.AdafacMLPLOpt(momentum_decays=(0.9,), adafactor_decays=(0.99,), use_num_steps=True),
+    "RNNMLPLOpt": lambda: lopt.RNNMLPLOpt(lstm_hidden=4, mlp_hidden=4),
+    "NNAdam": lambda: lopt.NNAdam(lstm_hidden=4),
+    "HyperLOpt": lambda: lopt.HyperLOpt(lstm_hidden=4, momentum_decays=(0.9,), adafactor_decays=(0.99,)),
+}
+
+
+def make_params(dtype=jnp.float32):
+    k1, k2 = jax.random.split(jax.random.key(0))
+    return {"layer": {"w": jax.random.normal(k1, (3, 5), dtype), "b": jax.random.normal(k2, (5,), dtype)},
+            "scale": jnp.asarray(0.5, dtype), "empty": jnp.zeros((0, 2), dtype)}
+
+
+def grads_for(params, i):
+    return jax.tree_util.tree_map(lambda p: (jnp.sin(p.astype(jnp.float32) * (i + 1)) + 0.1).astype(p.dtype), params)
+
+
+@functools.partial(jax.jit, static_argnames=("lo",))
+def update(lo, theta, grads, state, params, loss):
+    """One update; compiled once per (architecture config, tree, dtypes, loss given or not).
+    Learned optimizers hash by value, so tests share these compilations."""
+    return lo.opt_fn(theta).update(grads, state, params, **({} if loss is None else {"loss": loss}))
+
+
+def run_steps(lo, theta, params, n=3, with_loss=True):
+    state, outs = lo.opt_fn(theta).init(params), []
+    for i in range(n):
+        u, state = update(lo, theta, grads_for(params, i), state, params, 1.0 / (i + 1) if with_loss else None)
+        params = optax.apply_updates(params, u)
+        outs.append(u)
+    return outs, params
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def arch(request):
+    lo = ARCHS[request.param]()
+    return lo, lo.init(jax.random.key(1))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tree_shape_dtype_finite_deterministic(arch, dtype):
+    """f32 with a loss, bf16 without one (`loss=` is optional)."""
+    lo, theta = arch
+    params = make_params(dtype)
+    with_loss = dtype == jnp.float32
+    (ups, new_params), (ups2, _) = (run_steps(lo, theta, params, with_loss=with_loss) for _ in range(2))
+    for u in ups:
+        chex.assert_trees_all_equal_shapes_and_dtypes(u, params)
+        chex.assert_tree_all_finite(u)
+    chex.assert_trees_all_equal(ups, ups2)  # deterministic
+    chex.assert_trees_all_equal_shapes_and_dtypes(new_params, params)
+    assert float(jnp.abs(ups[-1]["layer"]["w"].astype(jnp.float32)).max()) > 0
+    for leaf in jax.tree_util.tree_leaves(lo.opt_fn(theta).init(params)):  # state: float32 / int counters
+        assert leaf.dtype in (jnp.float32, jnp.int32), leaf.dtype
+
+
+def test_grad_through_10_step_unroll_with_traced_num_steps(arch):
+    lo, theta = arch
+    params0 = make_params()
+
+    def meta_loss(theta, num_steps):
+        tx = lo.opt_fn(theta, num_steps=num_steps, is_training=True)
+        inner = lambda p: sum(jnp.sum(jnp.square(x - 1.0)) for x in jax.tree_util.tree_leaves(p))
+
+        def step(carry, _):
+            params, state = carry
+            loss, g = jax.value_and_grad(inner)(params)
+            u, state = tx.update(g, state, params, loss=loss)
+            return (optax.apply_updates(params, u), state), loss
+        _, losses = jax.lax.scan(step, (params0, tx.init(params0)), None, length=10)
+        return jnp.mean(losses)
+
+    grads = jax.jit(jax.grad(meta_loss))(theta, jnp.asarray(10))
+    chex.assert_tree_all_finite(grads)
+    total = sum(float(jnp.sum(jnp.abs(g))) for g in jax.tree_util.tree_leaves(grads))
+    assert total > 0
+
+
+def test_vmap_over_theta(arch):
+    lo, theta = arch
+    params = make_params()
+    noise = jax.tree_util.tree_map(lambda t: 0.01 * jnp.ones_like(t), theta)
+    stacked = jax.tree_util.tree_map(lambda t, n: jnp.stack([t, t + n, t - n]), theta, noise)
+    state = lo.opt_fn(theta).init(params)
+    g = grads_for(params, 0)
+    ups, states = jax.jit(jax.vmap(lambda th: lo.opt_fn(th).update(g, state, params, loss=1.0)))(stacked)
+    chex.assert_tree_all_finite(ups)
+    assert ups["layer"]["w"].shape == (3, 3, 5)
+    single, _ = update(lo, theta, g, state, params, 1.0)
+    np.testing.assert_allclose(ups["layer"]["w"][0], single["layer"]["w"], rtol=1e-5, atol=1e-9)
+
+
+def test_save_load_same_updates(arch, tmp_path):
+    lo, theta = arch
+    theta = jax.tree_util.tree_map(lambda t: t + 0.01, theta)  # not the init value
+    path = str(tmp_path / "theta.msgpack")
+    lopt.save_theta(path, lo, theta)
+    loaded = lopt.load_theta(path, lo)
+    chex.assert_trees_all_close(loaded, theta)
+    lo2, theta2 = lopt.load_learned_optimizer(path)
+    assert lo2 == lo and hash(lo2) == hash(lo)
+    params = make_params()
+    a, _ = run_steps(lo, theta, params, n=2)
+    b, _ = run_steps(lo2, theta2, params, n=2)
+    chex.assert_trees_all_close(a, b, rtol=1e-6, atol=0)
+
+
+def test_wrong_architecture_load_names_both(arch, tmp_path):
+    lo, theta = arch
+    path = str(tmp_path / "theta.msgpack")
+    lopt.save_theta(path, lo, theta)
+    other = lopt.LearnableAdam() if not isinstance(lo, lopt.LearnableAdam) else lopt.LearnableSGD()
+    with pytest.raises(ValueError) as e:
+        lopt.load_theta(path, other)
+    msg = str(e.value)
+    assert lo.name in msg and other.name in msg and "architecture" in msg
+
+
+@functools.partial(jax.jit, static_argnames=("lo",))
+def _combined_update(lo, theta, grads, state, params):
+    tx = optax.MultiSteps(optax.chain(optax.clip_by_global_norm(0.1), lo.opt_fn(theta)), every_k_schedule=2)
+    return tx.update(grads, state, params, loss=1.0)
+
+
+def test_inside_optax_chain_with_clipping_and_multisteps(arch):
+    """MultiSteps(chain(clip_by_global_norm, tx)) on a FrozenDict params tree."""
+    lo, theta = arch
+    params = FrozenDict(make_params())
+    tx = optax.MultiSteps(optax.chain(optax.clip_by_global_norm(0.1), lo.opt_fn(theta)), every_k_schedule=2)
+    state, ups = tx.init(params), []
+    for i in range(4):
+        u, state = _combined_update(lo, theta, grads_for(params, i), state, params)
+        params = optax.apply_updates(params, u)
+        ups.append(u)
+    chex.assert_tree_all_finite(ups)
+    assert isinstance(params, FrozenDict)
+    assert float(jnp.abs(ups[0]["layer"]["w"]).max()) == 0.0  # odd steps only accumulate
+    assert float(jnp.abs(ups[1]["layer"]["w"]).max()) > 0.0
+
+
+def test_empty_params_tree(arch):
+    lo, theta = arch
+    tx = lo.opt_fn(theta)
+    state = tx.init({})
+    u, _ = tx.update({}, state, {})
+    assert u == {}
+
+
+def test_mlp_lopt_chunking_does_not_change_updates():
+    params = {"w": jax.random.normal(jax.random.key(3), (7, 3))}  # 21 = 5 chunks of 4 + 1 left over
+    a, b = lopt.MLPLOpt(hidden_size=8, chunk_size=4), lopt.MLPLOpt(hidden_size=8)
+    theta = a.init(jax.random.key(0))
+    g = grads_for(params, 0)
+    ua, _ = update(a, theta, g, a.opt_fn(theta).init(params), params, None)
+    ub, _ = update(b, theta, g, b.opt_fn(theta).init(params), params, None)
+    chex.assert_trees_all_close(ua, ub, rtol=1e-5, atol=1e-10)
