@@ -1,0 +1,138 @@
+"""Time one optimizer update of each lopt learned optimizer against optax.adam.
+
+    python scripts/benchmark_optimizers.py                      # 1M and 10M params, writes docs/benchmarks.md
+    python scripts/benchmark_optimizers.py --sizes 1M --repeats 30 --no-write
+
+For each model size and optimizer: `jax.jit(tx.update)` is compiled, warmed up, then timed
+`--repeats` times (≥ 20), the optimizers interleaved round-robin so a noisy neighbour slows
+them all alike; the median is reported with its ratio to Adam's median and the bytes of
+optimizer state per parameter. The machine's f32 matmul throughput (median of a big square
+matmul) gives MLPLOpt's FLOP floor: 2 · (its per-parameter MLP multiply-adds) · N / throughput.
+The result replaces the "## Optimizer step" section of docs/benchmarks.md (other sections kept).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+import lopt
+
+SECTION = "## Optimizer step"
+# layer widths of an MLP whose weights make the model: ~1.0M and ~9.5M parameters
+MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10)}
+
+
+def model_params(widths, key):
+    params = {}
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        key, k = jax.random.split(key)
+        params[f"dense_{i}"] = {"w": jax.random.normal(k, (a, b), jnp.float32) / a ** 0.5,
+                                "b": jnp.zeros((b,), jnp.float32)}
+    return params
+
+
+def optimizers():
+    out = {"optax.adam": optax.adam(1e-3)}
+    for lo in [lopt.MLPLOpt(), lopt.AdafacMLPLOpt(), lopt.RNNMLPLOpt(), lopt.NNAdam(), lopt.HyperLOpt()]:
+        out[lo.name] = lo.opt_fn(lo.init(jax.random.key(0)))
+    return out
+
+
+def mlp_lopt_macs(lo: lopt.MLPLOpt) -> int:
+    """Per-parameter multiply-adds of MLPLOpt's MLP."""
+    h = lo.hidden_size
+    return lo.num_features * h + (lo.hidden_layers - 1) * h * h + 2 * h
+
+
+def _time(fn, args) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    return time.perf_counter() - start
+
+
+def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda x, y: x @ y)
+    jax.block_until_ready(f(a, a))
+    return 2 * n ** 3 / statistics.median(_time(f, (a, a)) for _ in range(repeats))
+
+
+def bench_size(widths, repeats):
+    params = model_params(widths, jax.random.key(0))
+    grads = jax.tree_util.tree_map(lambda p: 0.01 * jnp.cos(p), params)
+    n = sum(x.size for x in jax.tree_util.tree_leaves(params))
+    runs = {}
+    for name, tx in optimizers().items():
+        state = tx.init(params)
+        f = jax.jit(lambda g, s, p, tx=tx: tx.update(g, s, p, loss=jnp.asarray(1.0)))
+        jax.block_until_ready(f(grads, state, params))
+        state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
+        runs[name] = (f, (grads, state, params), state_bytes / n, [])
+    for _ in range(repeats):
+        for f, args, _, times in runs.values():
+            times.append(_time(f, args))
+    return n, {name: (statistics.median(r[3]), r[2]) for name, r in runs.items()}
+
+
+def render(results, flops, repeats, note) -> str:
+    floor_macs = mlp_lopt_macs(lopt.MLPLOpt())
+    lines = [SECTION, "",
+             f"One jitted `tx.update` (median of {repeats}, optimizers interleaved), float32 MLP models. "
+             f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}), jax {jax.__version__}; "
+             f"measured f32 matmul throughput {flops / 1e9:.0f} GFLOP/s. {note}".rstrip(), "",
+             "| model | optimizer | ms / update | × Adam | state bytes / param |",
+             "|---|---|---:|---:|---:|"]
+    for size, (n, res) in results.items():
+        adam = res["optax.adam"][0]
+        for name, (t, bpp) in res.items():
+            lines.append(f"| {size} ({n:,}) | {name} | {t * 1e3:.2f} | {t / adam:.1f} | {bpp:.1f} |")
+    lines += ["", f"MLPLOpt FLOP floor = 2 × {floor_macs} multiply-adds/param × N ÷ matmul throughput "
+                  "(target: within 1.5×); AdafacMLPLOpt target ≤ 8× Adam.", "",
+              "| model | MLPLOpt floor ms | MLPLOpt ms | × floor | AdafacMLPLOpt × Adam |", "|---|---:|---:|---:|---:|"]
+    for size, (n, res) in results.items():
+        floor = 2 * floor_macs * n / flops
+        t = res["MLPLOpt"][0]
+        lines.append(f"| {size} | {floor * 1e3:.2f} | {t * 1e3:.2f} | {t / floor:.2f} | "
+                     f"{res['AdafacMLPLOpt'][0] / res['optax.adam'][0]:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_section(doc: str, section: str) -> str:
+    """`doc` with its SECTION (up to the next '## ' heading) replaced by `section`, or appended."""
+    pattern = re.compile(rf"^{re.escape(SECTION)}\s*$.*?(?=^## |\Z)", re.M | re.S)
+    if pattern.search(doc):
+        return pattern.sub(lambda _: section + "\n", doc, count=1).rstrip("\n") + "\n"
+    head = doc.rstrip("\n")
+    return (head + "\n\n" if head else "# Benchmarks\n\n") + section
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1M,10M", help=f"comma-separated, from {sorted(MODELS)}")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
+    ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--note", default="", help="conditions to record (e.g. 'CPU shared with other jobs')")
+    args = ap.parse_args(argv)
+    flops = matmul_flops_per_s()
+    results = {s: bench_size(MODELS[s], args.repeats) for s in args.sizes.split(",")}
+    section = render(results, flops, args.repeats, args.note)
+    print(section)
+    if not args.no_write:
+        doc = open(args.out).read() if os.path.exists(args.out) else ""
+        with open(args.out, "w") as f:
+            f.write(replace_section(doc, section))
+    return results
+
+
+if __name__ == "__main__":
+    main()
