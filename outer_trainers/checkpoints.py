@@ -19,7 +19,6 @@ that fails to decode is skipped with a warning and the next-newest is used.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -85,11 +84,6 @@ def structure_of(tree: Any) -> list[list]:
         dtype = str(leaf.dtype) if hasattr(leaf, "dtype") else type(leaf).__name__
         out.append([jax.tree_util.keystr(path), list(np.shape(leaf)), dtype])
     return out
-
-
-def fingerprint(tree: Any) -> str:
-    """A short hash of `structure_of(tree)`."""
-    return hashlib.sha256(json.dumps(structure_of(tree)).encode()).hexdigest()[:16]
 
 
 def to_bytes(state: Any, step: int, meta: Optional[dict] = None) -> bytes:

@@ -35,7 +35,6 @@ import numpy as np
 import optax
 
 import lopt
-import outer_trainers as ot
 import outer_trainers.gin_registry  # noqa: F401  (registers the public API with gin)
 from outer_trainers.evaluation import make_task_trainer
 from tasks.base import Task, TaskFamily, single_task_family

@@ -1,12 +1,10 @@
 """train_model: any optax transform on a Task or a model; EMA; checkpoint/resume; data parallel."""
 import os
-import shutil
 import subprocess
 import sys
 
 import chex
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
