@@ -60,7 +60,7 @@ class NoiseReuseES(GradientEstimator):
     def _estimate(self, theta, state, key, outer_state, data):
         n, K, std = self.num_tasks, self.trunc_length, self.std
         k_unroll, k_fresh = jax.random.split(key)
-        vstep = jax.vmap(lambda th, s, k: self.truncated_step.step(th, s, k, outer_state=outer_state, data=data))
+        ts = self.truncated_step
 
         def flush(args):
             # Episodes that just ended: bank w·ε of the old perturbation, draw a fresh one.
@@ -71,9 +71,9 @@ class NoiseReuseES(GradientEstimator):
 
         def body(carry, xs):
             states, eps, w, g = carry  # w [N]: Σ of loss differences paired with the current ε
-            k, t = xs
-            keys = jax.random.split(k, n)
-            states, out = vstep(U.tree_stack_pm(theta, eps), states, jnp.concatenate([keys, keys], axis=0))
+            keys, t = xs
+            states, out = ts.batched_step(U.tree_stack_pm(theta, eps), states, jnp.concatenate([keys, keys], axis=0),
+                                          outer_state=outer_state, data=data)
             valid = out.mask[:n] & out.mask[n:]
             w = w + jnp.where(valid, out.loss[:n] - out.loss[n:], 0.0)
             done = out.is_done[:n] | out.is_done[n:]
@@ -84,7 +84,7 @@ class NoiseReuseES(GradientEstimator):
         g0 = jax.tree_util.tree_map(jnp.zeros_like, theta)
         carry = (state.inner_state, state.eps, jnp.zeros((n,), jnp.float32), g0)
         (states, eps, w, g), (loss_sum, count, resets, nonfinite) = jax.lax.scan(
-            body, carry, (jax.random.split(k_unroll, K), jnp.arange(K)))
+            body, carry, (U.step_keys(k_unroll, K, n), jnp.arange(K)))
         c = 1.0 / (2 * std**2 * K * n)
         grad = jax.tree_util.tree_map(lambda a, b: (a + b) * c, g, _weighted_sum(w, eps))
         loss = jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)

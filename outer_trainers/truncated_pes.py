@@ -40,6 +40,34 @@ def pes_weights(diff: jax.Array, done: jax.Array) -> tuple[jax.Array, jax.Array,
     return w_eps, w_acc, keep_eps, keep_acc
 
 
+def pes_update(out, eps, acc, std: float, num_total: int):
+    """PES from one truncation's StepOut (leaves [K, 2M]: + half then − half) of M particle pairs.
+
+    Returns (Σ over these pairs of the gradient terms, each divided by 2σ²·K·num_total, so summing
+    over shards of the N = num_total pairs gives the estimate; the new accumulator ξ [M];
+    the summed statistics [masked loss sum, valid count, nonfinite, resets]).
+    """
+    K, m = out.loss.shape[0], out.loss.shape[1] // 2
+    valid = out.mask[:, :m] & out.mask[:, m:]
+    diff = jnp.where(valid, out.loss[:, :m] - out.loss[:, m:], 0.0)
+    done = out.is_done[:, :m] | out.is_done[:, m:]
+    w_eps, w_acc, keep_eps, keep_acc = pes_weights(diff, done)
+    c = 1.0 / (2 * std**2 * K * num_total)
+    grad = jax.tree_util.tree_map(
+        lambda e, a: jnp.tensordot(w_eps * c, e, axes=1) + jnp.tensordot(w_acc * c, a, axes=1), eps, acc)
+    bshape = lambda w, x: jnp.reshape(w, w.shape + (1,) * (x.ndim - 1))
+    new_acc = jax.tree_util.tree_map(lambda e, a: bshape(keep_eps, e) * e + bshape(keep_acc, a) * a, eps, acc)
+    stats = jnp.stack([jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask).astype(jnp.float32),
+                       jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0))).astype(jnp.float32),
+                       jnp.sum(done).astype(jnp.float32)])
+    return grad, new_acc, stats
+
+
+def stats_to_estimate(grad, stats) -> Estimate:
+    metrics = {"nonfinite": stats[2].astype(jnp.int32), "resets": stats[3].astype(jnp.int32)}
+    return Estimate(grad, stats[0] / jnp.maximum(stats[1], 1.0), metrics)
+
+
 class TruncatedPES(GradientEstimator):
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
                  random_initial_iteration_offset: int = 0):
@@ -61,20 +89,8 @@ class TruncatedPES(GradientEstimator):
 
     def _estimate(self, theta, state, key, outer_state, data):
         k_eps, k_unroll = jax.random.split(key)
-        n, K = self.num_tasks, self.trunc_length
-        eps = U.sample_perturbations(theta, k_eps, n, self.std)
-        states, out = U.unroll(self.truncated_step, U.tree_stack_pm(theta, eps), state.inner_state, k_unroll, K,
-                               key_groups=2, outer_state=outer_state, data=data)
-        valid = out.mask[:, :n] & out.mask[:, n:]
-        diff = jnp.where(valid, out.loss[:, :n] - out.loss[:, n:], 0.0)
-        done = out.is_done[:, :n] | out.is_done[:, n:]
-        w_eps, w_acc, keep_eps, keep_acc = pes_weights(diff, done)
-        c = 1.0 / (2 * self.std**2 * K * n)
-        grad = jax.tree_util.tree_map(
-            lambda e, a: jnp.tensordot(w_eps * c, e, axes=1) + jnp.tensordot(w_acc * c, a, axes=1),
-            eps, state.accumulator)
-        bshape = lambda w, x: jnp.reshape(w, w.shape + (1,) * (x.ndim - 1))
-        acc = jax.tree_util.tree_map(lambda e, a: bshape(keep_eps, e) * e + bshape(keep_acc, a) * a,
-                                     eps, state.accumulator)
-        metrics = {"nonfinite": jnp.sum(out.metrics.get("nonfinite", 0)), "resets": jnp.sum(done)}
-        return PESState(states, acc), Estimate(grad, U.masked_mean(out.loss, out.mask), metrics)
+        eps = U.sample_perturbations(theta, k_eps, self.num_tasks, self.std)
+        states, out = U.unroll(self.truncated_step, U.tree_stack_pm(theta, eps), state.inner_state, k_unroll,
+                               self.trunc_length, key_groups=2, outer_state=outer_state, data=data)
+        grad, acc, stats = pes_update(out, eps, state.accumulator, self.std, self.num_tasks)
+        return PESState(states, acc), stats_to_estimate(grad, stats)

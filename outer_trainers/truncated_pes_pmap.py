@@ -1,6 +1,6 @@
 """TruncatedPESPMAP: TruncatedPES with the particle axis sharded over local devices.
 
-The math is TruncatedPES's (`pes_weights`); the N particle pairs are split over a 1-D
+The math is TruncatedPES's (`pes_update`); the N particle pairs are split over a 1-D
 `jax.sharding.Mesh` of D devices (axis "tasks") with `jax.shard_map`: each device unrolls its
 N/D pairs (its + and − halves side by side), forms its partial sum of the estimate, and one
 `psum` per truncation combines them. Perturbations and step keys are drawn exactly as
@@ -25,9 +25,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.gradient_estimator import GradientEstimator
 from outer_trainers.truncated_es import _check
-from outer_trainers.truncated_pes import PESState, pes_weights
+from outer_trainers.truncated_pes import PESState, pes_update, stats_to_estimate
 from outer_trainers.truncated_step import TruncatedStep
 
 AXIS = "tasks"
@@ -75,38 +75,25 @@ class TruncatedPESPMAP(GradientEstimator):
         n, K, D = self.num_tasks, self.trunc_length, self.num_devices
         k_eps, k_unroll = jax.random.split(key)
         eps = U.sample_perturbations(theta, k_eps, n, self.std)
-        step_keys = jax.vmap(lambda k: jax.random.split(k, n))(jax.random.split(k_unroll, K))  # [K, N] as unroll
+        step_keys = U.step_keys(k_unroll, K, n)  # [K, N], as TruncatedPES's unroll draws them
         if self.share_data:
             step_keys = jnp.concatenate([step_keys[:, :n // D]] * D, axis=1)
-        c = 1.0 / (2 * self.std**2 * K * n)
-        ts = self.truncated_step
+        ts, std = self.truncated_step, self.std
 
         def local(theta, inner, acc, eps, keys, outer_state, data):
             m = n // D
-            vstep = jax.vmap(lambda th, s, k: ts.step(th, s, k, outer_state=outer_state, data=data))
             states = jax.tree_util.tree_map(lambda x: x.reshape((2 * m,) + x.shape[2:]), inner)
-            thetas = U.tree_stack_pm(theta, eps)
-            states, out = jax.lax.scan(lambda s, k: vstep(thetas, s, k), states,
-                                       jnp.concatenate([keys, keys], axis=1))
-            valid = out.mask[:, :m] & out.mask[:, m:]
-            diff = jnp.where(valid, out.loss[:, :m] - out.loss[:, m:], 0.0)
-            done = out.is_done[:, :m] | out.is_done[:, m:]
-            w_eps, w_acc, keep_eps, keep_acc = pes_weights(diff, done)
-            grad = jax.tree_util.tree_map(
-                lambda e, a: jnp.tensordot(w_eps * c, e, axes=1) + jnp.tensordot(w_acc * c, a, axes=1), eps, acc)
-            bshape = lambda w, x: jnp.reshape(w, w.shape + (1,) * (x.ndim - 1))
-            acc = jax.tree_util.tree_map(lambda e, a: bshape(keep_eps, e) * e + bshape(keep_acc, a) * a, eps, acc)
-            sums = jnp.stack([jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask).astype(jnp.float32),
-                              jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0))).astype(jnp.float32),
-                              jnp.sum(done).astype(jnp.float32)])
-            grad, sums = jax.lax.psum((grad, sums), AXIS)
+            states, out = U.unroll_with_keys(ts, U.tree_stack_pm(theta, eps), states,
+                                             jnp.concatenate([keys, keys], axis=1), outer_state=outer_state,
+                                             data=data)
+            grad, acc, stats = pes_update(out, eps, acc, std, n)
+            grad, stats = jax.lax.psum((grad, stats), AXIS)
             inner = jax.tree_util.tree_map(lambda x: x.reshape((2, m) + x.shape[1:]), states)
-            return inner, acc, grad, sums
+            return inner, acc, grad, stats
 
-        inner, acc, grad, sums = jax.shard_map(
+        inner, acc, grad, stats = jax.shard_map(
             local, mesh=self.mesh, in_specs=(P(), P(None, AXIS), P(AXIS), P(AXIS), P(None, AXIS), P(), P()),
             out_specs=(P(None, AXIS), P(AXIS), P(), P()))(theta, state.inner_state, state.accumulator, eps,
                                                            step_keys, outer_state, data)
-        metrics = {"nonfinite": sums[2].astype(jnp.int32), "resets": sums[3].astype(jnp.int32)}
         new_state = PESState(self._shard(inner, P(None, AXIS)), self._shard(acc, P(AXIS)))
-        return new_state, Estimate(grad, sums[0] / jnp.maximum(sums[1], 1.0), metrics)
+        return new_state, stats_to_estimate(grad, stats)

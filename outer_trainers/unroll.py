@@ -67,12 +67,21 @@ def unroll(ts: TruncatedStep, thetas: Any, states: Any, key: jax.Array, num_step
     num = jax.tree_util.tree_leaves(states)[0].shape[0]
     if num % key_groups:
         raise ValueError(f"{num} particles do not split into {key_groups} key groups")
-
-    # All step keys in one draw ([T, P/g] -> tiled to [T, P]): one threefry kernel to compile.
-    keys = jax.random.split(key, (num_steps, num // key_groups))
+    keys = step_keys(key, num_steps, num // key_groups)
     if key_groups > 1:
         keys = jnp.concatenate([keys] * key_groups, axis=1)
+    return unroll_with_keys(ts, thetas, states, keys, theta_batched=theta_batched, outer_state=outer_state,
+                            data=data)
 
+
+def step_keys(key: jax.Array, num_steps: int, num: int) -> jax.Array:
+    """The [num_steps, num] step keys of an unroll, in one draw (one threefry kernel to compile)."""
+    return jax.random.split(key, (num_steps, num))
+
+
+def unroll_with_keys(ts: TruncatedStep, thetas: Any, states: Any, keys: jax.Array, *, theta_batched: bool = True,
+                     outer_state: Optional[Any] = None, data: Optional[Any] = None) -> tuple[Any, StepOut]:
+    """`unroll` with explicit step keys [T, P]: scan over T of `ts.batched_step`."""
     def body(carry, ks):
         return ts.batched_step(thetas, carry, ks, theta_batched=theta_batched, outer_state=outer_state, data=data)
 
