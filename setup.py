@@ -27,6 +27,8 @@ setup(
         "scikit-learn>=1.3",
         "tqdm>=4.66",
         "msgpack>=1.0",
+        "tensorboardX>=2.6",
+        "matplotlib>=3.7",
     ],
     extras_require={
         "test": ["pytest>=7.4", "pytest-timeout>=2.2"],

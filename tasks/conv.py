@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from tasks.base import Task, TaskFamily, classification_normalizer, softmax_cross_entropy
 from tasks.datasets.data_source import as_float_images
-from tasks.image_mlp import ACTIVATIONS, _activation_fn, classification_data, scaled_init
+from tasks.image_mlp import ACTIVATIONS, _activation_fn, check_family_args, classification_data, scaled_init
 
 
 class ConvTask(Task):
@@ -68,12 +68,7 @@ class ConvFamily(TaskFamily):
     def __init__(self, dataset: Union[str, Any] = "digits", channels: Sequence[int] = (8, 16), *,
                  kernel_size: int = 3, batch_size: int = 128, init_scale_range: tuple[float, float] = (0.5, 2.0),
                  activations: Sequence[str] = ("relu", "tanh", "gelu")):
-        for a in activations:
-            if a not in ACTIVATIONS:
-                raise ValueError(f"unknown activation {a!r}; choose from {sorted(ACTIVATIONS)}")
-        lo, hi = init_scale_range
-        if not 0 < lo <= hi:
-            raise ValueError(f"init_scale_range must satisfy 0 < lo <= hi, got {init_scale_range}")
+        lo, hi = check_family_args(activations, init_scale_range)
         self.channels = tuple(int(c) for c in channels)
         self.kernel_size = int(kernel_size)
         self.batch_size = int(batch_size)

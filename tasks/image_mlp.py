@@ -36,6 +36,17 @@ def scaled_init(scale: Union[float, jax.Array]) -> hk.initializers.Initializer:
     return lambda shape, dtype: scale * base(shape, dtype)
 
 
+def check_family_args(activations: Sequence[str], init_scale_range: tuple[float, float]) -> tuple[float, float]:
+    """Validates a family's activation choices and init-scale range; returns the range as floats."""
+    for a in activations:
+        if a not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {a!r}; choose from {sorted(ACTIVATIONS)}")
+    lo, hi = init_scale_range
+    if not 0 < lo <= hi:
+        raise ValueError(f"init_scale_range must satisfy 0 < lo <= hi, got {init_scale_range}")
+    return float(lo), float(hi)
+
+
 def classification_data(dataset: Union[str, Any], batch_size: int, task: str):
     """Resolves `dataset` (a name or a DataSource) and checks it has images and class labels."""
     data = registry.get_dataset(dataset, batch_size) if isinstance(dataset, str) else dataset
@@ -118,12 +129,7 @@ class ImageMLPFamily(TaskFamily):
     def __init__(self, dataset: Union[str, Any] = "digits", hidden_sizes: Sequence[int] = (32,), *,
                  batch_size: int = 128, init_scale_range: tuple[float, float] = (0.5, 2.0),
                  activations: Sequence[str] = ("relu", "tanh", "gelu"), norm: Optional[str] = None):
-        for a in activations:
-            if a not in ACTIVATIONS:
-                raise ValueError(f"unknown activation {a!r}; choose from {sorted(ACTIVATIONS)}")
-        lo, hi = init_scale_range
-        if not 0 < lo <= hi:
-            raise ValueError(f"init_scale_range must satisfy 0 < lo <= hi, got {init_scale_range}")
+        lo, hi = check_family_args(activations, init_scale_range)
         self.hidden_sizes = tuple(int(h) for h in hidden_sizes)
         self.batch_size = int(batch_size)
         self.init_scale_range = (float(lo), float(hi))

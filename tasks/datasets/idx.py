@@ -21,20 +21,21 @@ class IDXFormatError(ValueError):
     """A file that is not a well-formed IDX file."""
 
 
-def _read_bytes(path: str | os.PathLike) -> bytes:
+def read_maybe_gzip(path: str | os.PathLike, error: type = IDXFormatError) -> bytes:
+    """The bytes of `path`, gunzipped if it starts with the gzip magic; `error` on a bad stream."""
     with open(path, "rb") as f:
         raw = f.read()
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
         except (EOFError, OSError) as e:
-            raise IDXFormatError(f"{path}: corrupt or truncated gzip stream ({e}); delete and re-fetch it") from e
+            raise error(f"{path}: corrupt or truncated gzip stream ({e}); delete and re-fetch it") from e
     return raw
 
 
 def read_idx(path: str | os.PathLike, expected_ndim: int | None = None) -> np.ndarray:
     """Reads an IDX file (gz or not) into a native-endian array of shape dims."""
-    raw = _read_bytes(path)
+    raw = read_maybe_gzip(path)
     if len(raw) < 4:
         raise IDXFormatError(f"{path}: {len(raw)} bytes is too short for an IDX header")
     zero, code, ndim = struct.unpack(">HBB", raw[:4])

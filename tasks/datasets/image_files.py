@@ -7,14 +7,13 @@ The official training set is split (seeded, disjoint) into train / inner_valid /
 """
 from __future__ import annotations
 
-import gzip
 import os
 from typing import Optional, Sequence
 
 import numpy as np
 
 from tasks.datasets.data_source import DataSource, from_arrays
-from tasks.datasets.idx import IDXFormatError, read_idx
+from tasks.datasets.idx import IDXFormatError, read_idx, read_maybe_gzip
 from tasks.datasets.locate import find_files
 
 MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
@@ -83,14 +82,7 @@ def fashion_mnist(batch_size: int = 128, **kwargs) -> DataSource:
 def read_cifar10_batch(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """One CIFAR-10 binary batch: records of 1 label byte + 3072 CHW pixel bytes.
     Returns images [N, 32, 32, 3] uint8 (HWC) and labels [N] int32."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (EOFError, OSError) as e:
-            raise CIFARFormatError(f"{path}: corrupt or truncated gzip stream ({e})") from e
-    raw = np.frombuffer(raw, np.uint8)
+    raw = np.frombuffer(read_maybe_gzip(path, CIFARFormatError), np.uint8)
     if raw.size == 0 or raw.size % CIFAR10_RECORD:
         raise CIFARFormatError(f"{path}: {raw.size} bytes is not a whole number of {CIFAR10_RECORD}-byte "
                                f"CIFAR-10 records (truncated or not a CIFAR-10 binary batch)")
