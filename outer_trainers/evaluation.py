@@ -9,7 +9,7 @@ lr grid or a new theta reuses one compiled program) and returns per-step train l
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp

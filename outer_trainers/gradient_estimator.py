@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from outer_trainers import unroll as U
 from outer_trainers.truncated_step import TruncatedStep
 
 
@@ -58,6 +59,36 @@ class GradientEstimator:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name})"
+
+
+class TruncatedEstimator(GradientEstimator):
+    """Base of estimators that carry `num_tasks` particles across truncations of `trunc_length`
+    inner steps. Antithetic ones run a + and a − particle per task (2 · num_tasks in all) and
+    need std > 0; `random_initial_iteration_offset` staggers the particles' first episodes."""
+
+    antithetic: bool = True
+
+    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
+                 random_initial_iteration_offset: int = 0):
+        if num_tasks < 1 or trunc_length < 1:
+            raise ValueError(f"num_tasks and trunc_length must be >= 1, got {num_tasks}, {trunc_length}")
+        if self.antithetic and not std > 0:
+            raise ValueError(f"std must be > 0, got {std}")
+        if random_initial_iteration_offset < 0:
+            raise ValueError(f"random_initial_iteration_offset must be >= 0, got {random_initial_iteration_offset}")
+        self.num_tasks, self.trunc_length, self.std = int(num_tasks), int(trunc_length), float(std)
+        self.random_initial_iteration_offset = int(random_initial_iteration_offset)
+        self.name = f"{type(self).__name__}(n={num_tasks},K={trunc_length})"
+        super().__init__(truncated_step)
+
+    @property
+    def inner_steps_per_estimate(self) -> int:
+        return (2 if self.antithetic else 1) * self.num_tasks * self.trunc_length
+
+    def _init_particles(self, theta, key, outer_state, data):
+        """`num_tasks` fresh (staggered) particles: states with a leading [num_tasks] axis."""
+        return U.init_particles(self.truncated_step, theta, key, self.num_tasks, outer_state=outer_state, data=data,
+                                max_offset=self.random_initial_iteration_offset)
 
 
 def _outer(outer_state: Optional[Any]) -> Optional[Any]:

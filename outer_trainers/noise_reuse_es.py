@@ -19,9 +19,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator
-from outer_trainers.truncated_es import _check
-from outer_trainers.truncated_step import TruncatedStep, tree_where
+from outer_trainers.gradient_estimator import Estimate, TruncatedEstimator
+from outer_trainers.truncated_step import tree_where
 
 
 @struct.dataclass
@@ -35,26 +34,12 @@ def _weighted_sum(w: jax.Array, tree: object) -> object:
     return jax.tree_util.tree_map(lambda x: jnp.tensordot(w, x, axes=1), tree)
 
 
-class NoiseReuseES(GradientEstimator):
+class NoiseReuseES(TruncatedEstimator):
     """NRES with `num_tasks` antithetic particle pairs and truncations of `trunc_length` steps."""
-
-    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
-                 random_initial_iteration_offset: int = 0):
-        _check(num_tasks, trunc_length, std)
-        self.num_tasks, self.trunc_length, self.std = int(num_tasks), int(trunc_length), float(std)
-        self.random_initial_iteration_offset = int(random_initial_iteration_offset)
-        self.name = f"NoiseReuseES(n={num_tasks},K={trunc_length})"
-        super().__init__(truncated_step)
-
-    @property
-    def inner_steps_per_estimate(self) -> int:
-        return 2 * self.num_tasks * self.trunc_length
 
     def _init_state(self, theta, key, outer_state, data):
         k_particles, k_eps = jax.random.split(key)
-        particles = U.init_particles(self.truncated_step, theta, k_particles, self.num_tasks,
-                                     outer_state=outer_state, data=data,
-                                     max_offset=self.random_initial_iteration_offset)
+        particles = self._init_particles(theta, k_particles, outer_state, data)
         return NRESState(U.tile(particles, 2), U.sample_perturbations(theta, k_eps, self.num_tasks, self.std))
 
     def _estimate(self, theta, state, key, outer_state, data):

@@ -14,8 +14,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator
-from outer_trainers.truncated_step import TruncatedStep
+from outer_trainers.gradient_estimator import Estimate, TruncatedEstimator
 
 
 @struct.dataclass
@@ -23,30 +22,9 @@ class TruncatedESState:
     inner_state: object  # [N] particles
 
 
-def _check(num_tasks: int, trunc_length: int, std: float) -> None:
-    if num_tasks < 1 or trunc_length < 1:
-        raise ValueError(f"num_tasks and trunc_length must be >= 1, got {num_tasks}, {trunc_length}")
-    if not std > 0:
-        raise ValueError(f"std must be > 0, got {std}")
-
-
-class TruncatedES(GradientEstimator):
-    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
-                 random_initial_iteration_offset: int = 0):
-        _check(num_tasks, trunc_length, std)
-        self.num_tasks, self.trunc_length, self.std = int(num_tasks), int(trunc_length), float(std)
-        self.random_initial_iteration_offset = int(random_initial_iteration_offset)
-        self.name = f"TruncatedES(n={num_tasks},K={trunc_length})"
-        super().__init__(truncated_step)
-
-    @property
-    def inner_steps_per_estimate(self) -> int:
-        return 2 * self.num_tasks * self.trunc_length
-
+class TruncatedES(TruncatedEstimator):
     def _init_state(self, theta, key, outer_state, data):
-        return TruncatedESState(U.init_particles(self.truncated_step, theta, key, self.num_tasks,
-                                                 outer_state=outer_state, data=data,
-                                                 max_offset=self.random_initial_iteration_offset))
+        return TruncatedESState(self._init_particles(theta, key, outer_state, data))
 
     def _estimate(self, theta, state, key, outer_state, data):
         k_eps, k_unroll = jax.random.split(key)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.gradient_estimator import Estimate, TruncatedEstimator
 from outer_trainers.truncated_step import TruncatedStep
 
 
@@ -48,28 +48,19 @@ def mean_finite_grads(grads, losses: jax.Array):
     return mean, jnp.sum(~ok)
 
 
-class TruncatedGrad(GradientEstimator):
+class TruncatedGrad(TruncatedEstimator):
     """TBPTT with `num_tasks` particles and truncations of `trunc_length` steps (`std` unused:
     accepted so every estimator shares one constructor signature)."""
 
+    antithetic = False
+
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.0,
                  random_initial_iteration_offset: int = 0, remat: bool = False):
-        if num_tasks < 1 or trunc_length < 1:
-            raise ValueError(f"num_tasks and trunc_length must be >= 1, got {num_tasks}, {trunc_length}")
-        self.num_tasks, self.trunc_length, self.std = int(num_tasks), int(trunc_length), float(std)
-        self.random_initial_iteration_offset = int(random_initial_iteration_offset)
         self.remat = bool(remat)
-        self.name = f"TruncatedGrad(n={num_tasks},K={trunc_length})"
-        super().__init__(truncated_step)
-
-    @property
-    def inner_steps_per_estimate(self) -> int:
-        return self.num_tasks * self.trunc_length
+        super().__init__(truncated_step, num_tasks, trunc_length, std, random_initial_iteration_offset)
 
     def _init_state(self, theta, key, outer_state, data):
-        return TruncatedGradState(U.init_particles(self.truncated_step, theta, key, self.num_tasks,
-                                                   outer_state=outer_state, data=data,
-                                                   max_offset=self.random_initial_iteration_offset))
+        return TruncatedGradState(self._init_particles(theta, key, outer_state, data))
 
     def _estimate(self, theta, state, key, outer_state, data):
         """Particle i's step t uses key fold_in(split(key, N)[i], t)."""

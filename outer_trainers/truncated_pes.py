@@ -18,9 +18,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator
-from outer_trainers.truncated_es import _check
-from outer_trainers.truncated_step import TruncatedStep
+from outer_trainers.gradient_estimator import Estimate, TruncatedEstimator
 
 
 @struct.dataclass
@@ -68,22 +66,9 @@ def stats_to_estimate(grad, stats) -> Estimate:
     return Estimate(grad, stats[0] / jnp.maximum(stats[1], 1.0), metrics)
 
 
-class TruncatedPES(GradientEstimator):
-    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
-                 random_initial_iteration_offset: int = 0):
-        _check(num_tasks, trunc_length, std)
-        self.num_tasks, self.trunc_length, self.std = int(num_tasks), int(trunc_length), float(std)
-        self.random_initial_iteration_offset = int(random_initial_iteration_offset)
-        self.name = f"TruncatedPES(n={num_tasks},K={trunc_length})"
-        super().__init__(truncated_step)
-
-    @property
-    def inner_steps_per_estimate(self) -> int:
-        return 2 * self.num_tasks * self.trunc_length
-
+class TruncatedPES(TruncatedEstimator):
     def _init_state(self, theta, key, outer_state, data):
-        particles = U.init_particles(self.truncated_step, theta, key, self.num_tasks, outer_state=outer_state,
-                                     data=data, max_offset=self.random_initial_iteration_offset)
+        particles = self._init_particles(theta, key, outer_state, data)
         acc = jax.tree_util.tree_map(lambda t: jnp.zeros((self.num_tasks,) + jnp.shape(t), jnp.result_type(t)), theta)
         return PESState(U.tile(particles, 2), acc)
 

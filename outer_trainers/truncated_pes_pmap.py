@@ -25,19 +25,17 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import GradientEstimator
-from outer_trainers.truncated_es import _check
+from outer_trainers.gradient_estimator import TruncatedEstimator
 from outer_trainers.truncated_pes import PESState, pes_update, stats_to_estimate
 from outer_trainers.truncated_step import TruncatedStep
 
 AXIS = "tasks"
 
 
-class TruncatedPESPMAP(GradientEstimator):
+class TruncatedPESPMAP(TruncatedEstimator):
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
                  random_initial_iteration_offset: int = 0, *, num_devices: Optional[int] = None,
                  devices: Optional[Sequence[jax.Device]] = None, share_data: bool = False):
-        _check(num_tasks, trunc_length, std)
         devices = list(jax.local_devices() if devices is None else devices)
         if num_devices is not None:
             if not 1 <= num_devices <= len(devices):
@@ -48,25 +46,18 @@ class TruncatedPESPMAP(GradientEstimator):
         if num_tasks % len(devices):
             raise ValueError(f"TruncatedPESPMAP: num_tasks={num_tasks} is not divisible by the {len(devices)} "
                              f"devices it shards over; use a multiple of {len(devices)} or pass num_devices=")
-        self.num_tasks, self.trunc_length, self.std = int(num_tasks), int(trunc_length), float(std)
-        self.random_initial_iteration_offset = int(random_initial_iteration_offset)
         self.share_data = bool(share_data)
         self.mesh = Mesh(np.asarray(devices), (AXIS,))
         self.num_devices = len(devices)
+        super().__init__(truncated_step, num_tasks, trunc_length, std, random_initial_iteration_offset)
         self.name = f"TruncatedPESPMAP(n={num_tasks},K={trunc_length},devices={self.num_devices})"
-        super().__init__(truncated_step)
-
-    @property
-    def inner_steps_per_estimate(self) -> int:
-        return 2 * self.num_tasks * self.trunc_length
 
     def _shard(self, tree, spec):
         return jax.lax.with_sharding_constraint(tree, NamedSharding(self.mesh, spec))
 
     def _init_state(self, theta, key, outer_state, data):
         n = self.num_tasks
-        particles = U.init_particles(self.truncated_step, theta, key, n, outer_state=outer_state, data=data,
-                                     max_offset=self.random_initial_iteration_offset)
+        particles = self._init_particles(theta, key, outer_state, data)
         inner = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), particles)
         acc = jax.tree_util.tree_map(lambda t: jnp.zeros((n,) + jnp.shape(t), jnp.result_type(t)), theta)
         return PESState(self._shard(inner, P(None, AXIS)), self._shard(acc, P(AXIS)))

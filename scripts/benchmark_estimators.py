@@ -23,7 +23,6 @@ import statistics
 import time
 
 import jax
-import jax.numpy as jnp
 import optax
 
 import lopt

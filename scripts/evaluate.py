@@ -100,7 +100,7 @@ def write_csv(path: str, results: dict, seeds: Sequence[int]) -> None:
 
 
 def markdown_table(results: dict, num_steps: int) -> str:
-    lines = [f"| task | optimizer | best lr | final train loss, median [min, max] over seeds | eval loss (median) |",
+    lines = ["| task | optimizer | best lr | final train loss, median [min, max] over seeds | eval loss (median) |",
              "|---|---|---|---|---|"]
     for task, runs in results.items():
         for name, r in best_runs(runs).items():

@@ -12,7 +12,6 @@ Each wrapper's cfg is {"inner": inner_cfg, ...its own per-task values}; they com
 """
 from __future__ import annotations
 
-from typing import Any
 
 import jax
 import jax.numpy as jnp

@@ -11,7 +11,7 @@ family to train on, re-sampled every `every` outer steps, deterministic in the s
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import jax
 import numpy as np

@@ -1,5 +1,4 @@
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +23,6 @@ def quad_setup():
 def test_outer_train_lowers_meta_loss(quad_setup, tmp_path):
     lo, est = quad_setup
     learner = ot.GradientLearner(lo, optax.adam(0.1))
-    first = []
     state = ot.outer_train(learner, [est], num_steps=30, output_dir=str(tmp_path), progress=False)
     lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
     assert len(lines) == 30 and lines[-1]["step"] == 30

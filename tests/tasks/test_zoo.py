@@ -4,7 +4,6 @@ import os
 import flax.linen as nn
 import haiku as hk
 import jax
-import jax.numpy as jnp
 import pytest
 from flax import nnx
 

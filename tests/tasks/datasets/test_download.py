@@ -2,7 +2,6 @@ import hashlib
 import io
 import tarfile
 
-import numpy as np
 import pytest
 
 from tasks.datasets import cifar10, download, mnist
