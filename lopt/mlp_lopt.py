@@ -19,7 +19,8 @@ as a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS no
 folded into the first layer's rows, W1' = diag(1/rms) W1, so the [N, F] features are written
 once and never rescaled. The MLP runs over blocks of `chunk_size` parameters (`lax.map`), so
 its [chunk, hidden] activations stay in cache instead of streaming N×hidden floats through
-memory per layer (~3× faster at 1M parameters on a 2-core CPU). Theta is unchanged by these.
+memory per layer (~3× faster at 1M parameters on a 2-core CPU). Theta is unchanged by these,
+and `chunk_size` is not part of `config()`: it changes speed, not the function theta defines.
 """
 from __future__ import annotations
 
@@ -89,8 +90,7 @@ class MLPLOpt(LearnedOptimizer):
     def config(self) -> dict:
         return dict(hidden_size=self.hidden_size, hidden_layers=self.hidden_layers, decays=list(self.decays),
                     rms_decay=self.rms_decay, step_mult=self.step_mult, exp_mult=self.exp_mult,
-                    timescales=list(self.timescales), use_num_steps=self.use_num_steps,
-                    chunk_size=self.chunk_size)
+                    timescales=list(self.timescales), use_num_steps=self.use_num_steps)
 
     def init(self, key: jax.Array) -> dict:
         keys = jax.random.split(key, self.hidden_layers + 2)

@@ -80,7 +80,7 @@ def load_theta(path: str, learned_opt: Optional[LearnedOptimizer] = None) -> Any
     """Loads theta. With `learned_opt`, refuses a file of another architecture/config."""
     payload = _read(path)
     if learned_opt is not None:
-        saved = (payload["architecture"], json.loads(payload["config"]))
+        saved = (payload["architecture"], _normalized_config(payload["architecture"], json.loads(payload["config"])))
         mine = (type(learned_opt).__name__, learned_opt.config())
         if saved != mine:
             raise ValueError(
@@ -105,6 +105,15 @@ def load_optimizer(path: str, *, num_steps: Optional[int] = None) -> optax.Gradi
     """The saved learned optimizer as a ready optax transform."""
     learned_opt, theta = load_learned_optimizer(path)
     return learned_opt.opt_fn(theta, num_steps=num_steps)
+
+
+def _normalized_config(arch_name: str, config: dict) -> dict:
+    """The saved config as the architecture rebuilds it today: options added since the file was
+    written take their defaults, so they don't count as differences."""
+    try:
+        return architecture(arch_name)(**config).config()
+    except (ValueError, TypeError):
+        return config
 
 
 def _fmt(config: dict) -> str:

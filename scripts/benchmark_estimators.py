@@ -42,16 +42,25 @@ def problems() -> dict:
 
 
 def estimator_factories() -> dict:
-    """name -> fn(truncated_step) -> estimator; every estimator lopt ships that fits the protocol."""
+    """name -> fn(truncated_step) -> estimator, for every estimator lopt ships.
+
+    FullES/FullGrad unroll fresh episodes of `TRUNC` steps (the same work per estimate);
+    TruncatedPESPMAP appears once per local device count it can use (1, 2, 4, ...).
+    """
+    n, K = NUM_TASKS, TRUNC
     out = {
-        "TruncatedPES": lambda s: ot.TruncatedPES(s, NUM_TASKS, TRUNC, std=0.01),
-        "TruncatedES": lambda s: ot.TruncatedES(s, NUM_TASKS, TRUNC, std=0.01),
+        "TruncatedPES": lambda s: ot.TruncatedPES(s, n, K, std=0.01),
+        "TruncatedES": lambda s: ot.TruncatedES(s, n, K, std=0.01),
+        "NoiseReuseES": lambda s: ot.NoiseReuseES(s, n, K, std=0.01),
+        "TruncatedGrad": lambda s: ot.TruncatedGrad(s, n, K),
+        "FullES": lambda s: ot.FullES(s, n, unroll_length=K, std=0.01),
+        "FullGrad": lambda s: ot.FullGrad(s, n, unroll_length=K),
     }
-    for name in ("NoiseReuseES", "TruncatedGrad", "FullES", "FullGrad", "TruncatedPESPMAP"):
-        cls = getattr(ot, name, None)
-        if cls is not None:
-            out[name] = (lambda c: lambda s: c(s, NUM_TASKS, TRUNC, std=0.01))(cls) if "ES" in name else \
-                (lambda c: lambda s: c(s, NUM_TASKS, TRUNC))(cls)
+    d = 1
+    while d <= jax.local_device_count() and n % d == 0:
+        out[f"TruncatedPESPMAP[{d} dev]"] = (lambda d: lambda s: ot.TruncatedPESPMAP(s, n, K, std=0.01,
+                                                                                     num_devices=d))(d)
+        d *= 2
     return out
 
 
@@ -59,17 +68,20 @@ def _block(tree):
     return jax.block_until_ready(tree)
 
 
-def time_calls(fn, repeats: int) -> tuple[float, float]:
-    """(first-call seconds, median steady-state seconds)."""
-    t = time.perf_counter()
-    _block(fn())
-    first = time.perf_counter() - t
-    times = []
-    for _ in range(repeats):
+def time_calls(fns: dict, repeats: int) -> dict:
+    """{name: (first-call seconds, median steady-state seconds)}; steady-state calls of all fns
+    are interleaved so machine drift hits each alike (their ratios stay meaningful)."""
+    first, times = {}, {k: [] for k in fns}
+    for k, fn in fns.items():
         t = time.perf_counter()
         _block(fn())
-        times.append(time.perf_counter() - t)
-    return first, statistics.median(times)
+        first[k] = time.perf_counter() - t
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            _block(fn())
+            times[k].append(time.perf_counter() - t)
+    return {k: (first[k], statistics.median(times[k])) for k in fns}
 
 
 def floor_fn(family, learned_opt, theta, num_particles: int, num_steps: int):
@@ -98,6 +110,18 @@ def floor_fn(family, learned_opt, theta, num_particles: int, num_steps: int):
     return lambda: run(keys, data)
 
 
+def make_call(est, theta):
+    """A no-arg fn running one `estimate` (state carried between calls, fresh key each call)."""
+    holder = {"state": est.init_state(theta, jax.random.key(1)), "i": 0}
+
+    def call():
+        holder["i"] += 1
+        holder["state"], e = est.estimate(theta, holder["state"], jax.random.key(holder["i"]))
+        return e.grad
+
+    return call
+
+
 def bench(problem_keys, estimator_names, repeats):
     rows = []
     lo = lopt.MLPLOpt()
@@ -107,27 +131,23 @@ def bench(problem_keys, estimator_names, repeats):
         label, family = problems()[pk]
         sched = ot.LogUniformTruncationSchedule(100, 1000)
         step = ot.LOptTruncatedStep(family, lo, sched)
-        f_first, f_med = time_calls(floor_fn(family, lo, theta, 2 * NUM_TASKS, TRUNC), repeats)
-        rows.append(dict(problem=label, estimator="floor (jitted scan)", compile_s=f_first - f_med, sec=f_med,
-                         inner=2 * NUM_TASKS * TRUNC / f_med, ratio=1.0))
+        floor = floor_fn(family, lo, theta, 2 * NUM_TASKS, TRUNC)
+        fns = {"floor (jitted scan)": floor}
+        ests = {}
         for name in estimator_names:
             if name not in factories:
                 print(f"skipping unknown estimator {name}")
                 continue
             est = factories[name](step)
-            state = est.init_state(theta, jax.random.key(1))
-            holder = {"state": state, "i": 0}
-
-            def call():
-                holder["i"] += 1
-                holder["state"], e = est.estimate(theta, holder["state"], jax.random.key(holder["i"]))
-                return e.grad
-
-            first, med = time_calls(call, repeats)
-            inner = est.inner_steps_per_estimate or 2 * NUM_TASKS * TRUNC
+            ests[name] = est
+            fns[name] = make_call(est, theta)
+        timed = time_calls(fns, repeats)
+        f_med = timed["floor (jitted scan)"][1]
+        for name, (first, med) in timed.items():
+            inner = ests[name].inner_steps_per_estimate if name in ests else 2 * NUM_TASKS * TRUNC
             rows.append(dict(problem=label, estimator=name, compile_s=first - med, sec=med, inner=inner / med,
                              ratio=med / f_med))
-            print(f"{label:28s} {name:18s} compile {first - med:6.2f}s  {med * 1e3:8.2f} ms  "
+            print(f"{label:28s} {name:20s} compile {first - med:6.2f}s  {med * 1e3:8.2f} ms  "
                   f"{inner / med:10.0f} inner/s  {med / f_med:5.2f}x floor", flush=True)
     return rows
 
@@ -153,7 +173,9 @@ def write_section(path: str, title: str, content: str) -> None:
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--problems", default="a,b,c")
-    p.add_argument("--estimators", default="TruncatedPES,TruncatedES")
+    p.add_argument("--estimators", default="TruncatedPES,TruncatedES",
+                   help="comma-separated names, or 'all' (see estimator_factories)")
+    p.add_argument("--title", default=None, help="Markdown section title (default: Estimators (<platform>))")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--markdown", default=None, help="write the table into this Markdown file's section")
     p.add_argument("--note", default="", help="conditions of the run, written under the table")
@@ -167,7 +189,8 @@ def main():
         env = (f"jax {jax.__version__}, {dev.platform} ({dev.device_kind}), {os.cpu_count()} cores, "
                f"{platform.processor() or platform.machine()}; MLPLOpt, {NUM_TASKS} tasks, trunc_length {TRUNC}, "
                f"LogUniform(100, 1000) episodes; median of {args.repeats}.")
-        write_section(args.markdown, f"Estimators ({dev.platform})", f"{env} {args.note}\n\n{table}")
+        title = args.title or f"Estimators ({dev.platform})"
+        write_section(args.markdown, title, f"{env} {jax.local_device_count()} local device(s). {args.note}\n\n{table}")
 
 
 if __name__ == "__main__":

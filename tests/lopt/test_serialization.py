@@ -35,3 +35,31 @@ def test_every_architecture_is_registered_and_rebuilds_from_config():
         cls = lopt.architecture(name)
         lo = cls()
         assert cls(**lo.config()) == lo
+
+
+def test_speed_only_options_do_not_block_loading(tmp_path):
+    path = str(tmp_path / "t.msgpack")
+    saver = lopt.MLPLOpt(hidden_size=4, chunk_size=8)
+    theta = saver.init(jax.random.key(0))
+    lopt.save_theta(path, saver, theta)
+    loaded = lopt.load_theta(path, lopt.MLPLOpt(hidden_size=4))
+    jax.tree_util.tree_map(lambda a, b: None if bool((a == b).all()) else pytest.fail("theta changed"), loaded, theta)
+
+
+def test_file_from_before_a_new_option_still_loads(tmp_path):
+    """A config written before an option existed is read with that option's default."""
+    import json
+
+    from flax import serialization
+
+    path = tmp_path / "old.msgpack"
+    lo = lopt.MLPLOpt(hidden_size=4)
+    lopt.save_theta(str(path), lo, lo.init(jax.random.key(0)))
+    payload = serialization.msgpack_restore(path.read_bytes())
+    cfg = json.loads(payload["config"])
+    del cfg["use_num_steps"]  # as written by a version without that option
+    payload["config"] = json.dumps(cfg)
+    path.write_bytes(serialization.msgpack_serialize(payload))
+    lopt.load_theta(str(path), lo)
+    with pytest.raises(ValueError, match="use_num_steps"):
+        lopt.load_theta(str(path), lopt.MLPLOpt(hidden_size=4, use_num_steps=True))
