@@ -16,11 +16,13 @@ hidden -> (d, m) and the update is
 Speed (CPU): the step embedding (and, with `use_num_steps`, the progress features) is
 constant over a tensor, so its first-layer contribution is computed once per update and added
 as a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS normalisation is
-folded into the first layer's rows, W1' = diag(1/rms) W1, so the [N, F] features are written
-once and never rescaled. The MLP runs over blocks of `chunk_size` parameters (`lax.map`), so
-its [chunk, hidden] activations stay in cache instead of streaming N×hidden floats through
-memory per layer (~3× faster at 1M parameters on a 2-core CPU). Theta is unchanged by these,
-and `chunk_size` is not part of `config()`: it changes speed, not the function theta defines.
+folded into the first layer's rows, W1' = diag(1/rms) W1, so the features are written once and
+never rescaled. Features are laid out [blocks, F, chunk] (parameters on the long, contiguous
+axis) and the MLP runs column-major, h = relu(W1'ᵀ x + b), block by block (`lax.map`): its
+[hidden, chunk] activations stay in cache and XLA's CPU GEMM runs on a friendly shape —
+~3× faster than row-major [N, F] @ [F, H] at 1M parameters on a 2-core CPU. Theta is unchanged by these,
+and `chunk_size` / `column_min_size` (tensors smaller than it use a plain row-major MLP, faster
+for tiny tensors) are not part of `config()`: they change speed, not the function theta defines.
 """
 from __future__ import annotations
 
@@ -38,10 +40,11 @@ from lopt.nn import dense_init
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 CHUNK = 16384
+COLUMN_MIN_SIZE = 256  # smaller tensors use the row-major MLP (faster there; measured crossover 100-300)
 
 
 class MLPLOptState(NamedTuple):
-    momenta: Any  # per leaf: float32 [*p.shape, K]
+    momenta: Any  # per leaf: float32 [K, *p.shape] (decay-major, so features stack without transposes)
     second_moment: Any  # per leaf: float32 [*p.shape]
     iteration: jax.Array  # int32 []
 
@@ -51,16 +54,17 @@ def rms_normalize(x: jax.Array, axes: Sequence[int], eps: float = 1e-8) -> jax.A
     return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=tuple(axes), keepdims=True) + eps)
 
 
-def chunked_apply(fn, x: jax.Array, chunk: int) -> jax.Array:
-    """fn over the rows of x [N, F] in blocks of `chunk` rows (lax.map; the N % chunk rows
-    left over go in one extra call). fn maps [n, F] -> [n, O]."""
+def to_blocks(x: jax.Array, chunk: int) -> jax.Array:
+    """[n] -> [ceil(n / c), c] with c = min(chunk, n), zero-padded at the end."""
     n = x.shape[0]
-    main = (n // chunk) * chunk
-    if main == 0:
-        return fn(x)
-    out = jax.lax.map(fn, x[:main].reshape(n // chunk, chunk, x.shape[1]))
-    out = out.reshape(main, out.shape[-1])
-    return out if main == n else jnp.concatenate([out, fn(x[main:])], axis=0)
+    c = min(chunk, n)
+    blocks = -(-n // c)
+    return jnp.pad(x, (0, blocks * c - n)).reshape(blocks, c)
+
+
+def map_blocks(fn, x: jax.Array) -> jax.Array:
+    """fn over the leading (block) axis of x: lax.map when there are several blocks."""
+    return fn(x[0])[None] if x.shape[0] == 1 else jax.lax.map(fn, x)
 
 
 class MLPLOpt(LearnedOptimizer):
@@ -69,7 +73,7 @@ class MLPLOpt(LearnedOptimizer):
     def __init__(self, hidden_size: int = 32, hidden_layers: int = 2, decays: Sequence[float] = DECAYS,
                  rms_decay: float = 0.999, step_mult: float = 1e-3, exp_mult: float = 1e-3,
                  timescales: Sequence[float] = TIMESCALES, use_num_steps: bool = False,
-                 chunk_size: int = CHUNK):
+                 chunk_size: int = CHUNK, column_min_size: int = COLUMN_MIN_SIZE):
         if hidden_layers < 1 or hidden_size < 1:
             raise ValueError(f"MLPLOpt needs hidden_layers >= 1 and hidden_size >= 1, got {hidden_layers}, {hidden_size}")
         self.hidden_size = int(hidden_size)
@@ -81,6 +85,7 @@ class MLPLOpt(LearnedOptimizer):
         self.timescales = tuple(float(t) for t in timescales)
         self.use_num_steps = bool(use_num_steps)
         self.chunk_size = int(chunk_size)
+        self.column_min_size = int(column_min_size)
         self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
 
     @property
@@ -111,34 +116,50 @@ class MLPLOpt(LearnedOptimizer):
         def init_fn(params):
             zeros = lambda p, *extra: jnp.zeros(jnp.shape(p) + extra, jnp.float32)
             return MLPLOptState(
-                momenta=jax.tree_util.tree_map(lambda p: zeros(p, len(self.decays)), params),
+                momenta=jax.tree_util.tree_map(lambda p: jnp.zeros((len(self.decays),) + jnp.shape(p), jnp.float32),
+                                               params),
                 second_moment=jax.tree_util.tree_map(zeros, params),
                 iteration=jnp.zeros((), jnp.int32),
             )
 
-        def mlp(w1, b1, x):
-            x = jax.nn.relu(x @ w1 + b1)
+        def mlp_columns(w1t, b1, x):
+            """x [F, c] -> [2, c], column-major (w1t = W1'ᵀ [H, F])."""
+            h = jax.nn.relu(w1t @ x + b1[:, None])
             for i in range(1, self.hidden_layers):
                 layer = theta[f"hidden_{i}"]
-                x = jax.nn.relu(x @ layer["w"] + layer["b"])
-            return x @ theta["output"]["w"] + theta["output"]["b"]
+                h = jax.nn.relu(layer["w"].T @ h + layer["b"][:, None])
+            return theta["output"]["w"].T @ h + theta["output"]["b"][:, None]
+
+        def mlp_rows(w1, b1, x):
+            """x [n, F] -> [n, 2], row-major (w1 = W1' [F, H])."""
+            h = jax.nn.relu(x @ w1 + b1)
+            for i in range(1, self.hidden_layers):
+                layer = theta[f"hidden_{i}"]
+                h = jax.nn.relu(h @ layer["w"] + layer["b"])
+            return h @ theta["output"]["w"] + theta["output"]["b"]
 
         def update_leaf(g, p, m, v, first_bias):
             if jnp.size(p) == 0:
                 return jnp.zeros_like(p), m, v
+            n, k = jnp.size(p), len(self.decays)
             g32, p32 = g.astype(jnp.float32).reshape(-1), p.astype(jnp.float32).reshape(-1)
-            m = decays * m.reshape(-1, len(self.decays)) + (1.0 - decays) * g32[:, None]
+            m = decays[:, None] * m.reshape(k, n) + (1.0 - decays)[:, None] * g32[None]
             v = self.rms_decay * v.reshape(-1) + (1.0 - self.rms_decay) * jnp.square(g32)
             rsqrt_v = jax.lax.rsqrt(v + 1e-8)
-            feats = jnp.concatenate(
-                [g32[:, None], p32[:, None], m,
-                 jnp.stack([jnp.sqrt(v), g32 * rsqrt_v, m[:, mom_idx] * rsqrt_v], axis=-1)], axis=-1)  # [N, F]
-            assert feats.shape[-1] == nfeat
+            feats = [g32, p32, *m, jnp.sqrt(v), g32 * rsqrt_v, m[mom_idx] * rsqrt_v]  # F arrays of [n]
+            assert len(feats) == nfeat
             # rms_normalize(feats) @ W1 == feats @ (W1 / rms[:, None])
-            w1 = theta["input"]["w"] * jax.lax.rsqrt(jnp.mean(jnp.square(feats), axis=0) + 1e-8)[:, None]
-            out = chunked_apply(lambda x: mlp(w1, first_bias, x), feats, self.chunk_size)
-            step = out[:, 0] * jnp.exp(out[:, 1] * self.exp_mult) * self.step_mult
-            return ((-step).reshape(jnp.shape(p)).astype(p.dtype), m.reshape(jnp.shape(p) + (len(self.decays),)),
+            rms_inv = jax.lax.rsqrt(jnp.stack([jnp.mean(jnp.square(f)) for f in feats]) + 1e-8)
+            w1t = (theta["input"]["w"] * rms_inv[:, None]).T
+            if n < self.column_min_size:  # small tensors: row-major [n, F] @ [F, H] is cheaper
+                out = mlp_rows(w1t.T, first_bias, jnp.stack(feats, axis=-1))  # [n, 2]
+                d, mag = out[:, 0], out[:, 1]
+            else:
+                blocks = jnp.stack([to_blocks(f, self.chunk_size) for f in feats], axis=1)  # [B, F, c]
+                out = map_blocks(lambda x: mlp_columns(w1t, first_bias, x), blocks)  # [B, 2, c]
+                d, mag = out[:, 0].reshape(-1)[:n], out[:, 1].reshape(-1)[:n]
+            step = d * jnp.exp(mag * self.exp_mult) * self.step_mult
+            return ((-step).reshape(jnp.shape(p)).astype(p.dtype), m.reshape((k,) + jnp.shape(p)),
                     v.reshape(jnp.shape(p)))
 
         def update_fn(updates, state, params=None, **extra_args):
