@@ -1,4 +1,5 @@
 """Meta-training: truncation schedules, unrolled systems, gradient estimators, learner, outer loop."""
+from outer_trainers.estimator_schedule import EstimatorSchedule
 from outer_trainers.evaluation import compare_optimizers, format_comparison, make_task_trainer
 from outer_trainers.gradient_estimator import Estimate, GradientEstimator
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
@@ -20,6 +21,7 @@ from outer_trainers.meta_eval import MetaEvaluator
 from outer_trainers.train_model import TrainResult, TrainState, train_model
 
 __all__ = [
+    "EstimatorSchedule",
     "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
     "NeverEndingTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
     "GradientEstimator", "Estimate", "TruncatedES", "TruncatedPES", "GradientLearner", "LearnerState",

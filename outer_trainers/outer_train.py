@@ -28,6 +28,8 @@ from flax import struct
 
 from lopt.serialization import save_theta
 from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy
+from outer_trainers.checkpoints import read as read_checkpoint
+from outer_trainers.estimator_schedule import EstimatorSchedule
 from outer_trainers.gradient_estimator import GradientEstimator
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.summaries import MetricsLog, Progress
@@ -97,6 +99,14 @@ def _to_python(metrics: dict, labels: Sequence[str]) -> dict:
     return out
 
 
+def _resample(schedule: EstimatorSchedule, state: OuterTrainState, outer_iteration: int):
+    """The schedule's estimators for `outer_iteration`, with fresh states at the current theta."""
+    estimators = schedule(outer_iteration)
+    keys = jax.random.split(jax.random.fold_in(state.key, outer_iteration), len(estimators))
+    est_states = tuple(e.init_state(state.theta, k, outer_state=outer_iteration) for e, k in zip(estimators, keys))
+    return estimators, state.replace(estimator_states=est_states)
+
+
 def run_metadata(learner: GradientLearner, estimators: Sequence[GradientEstimator],
                  config: Optional[dict] = None) -> dict:
     """What a checkpoint must match to be resumed: the learned optimizer's architecture and config,
@@ -109,7 +119,8 @@ def run_metadata(learner: GradientLearner, estimators: Sequence[GradientEstimato
     return meta
 
 
-def outer_train(learner: GradientLearner, estimators: Sequence[GradientEstimator], num_steps: int, *,
+def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEstimator], EstimatorSchedule],
+                num_steps: int, *,
                 output_dir: Optional[str] = None, seed: int = 0, weights: Optional[Sequence[float]] = None,
                 state: Optional[OuterTrainState] = None, progress: Union[bool, str] = True, log_every: int = 1,
                 callback: Optional[Callable[[int, OuterTrainState, dict], None]] = None,
@@ -124,9 +135,11 @@ def outer_train(learner: GradientLearner, estimators: Sequence[GradientEstimator
     (e.g. a MetaEvaluator) adds its metrics to the step's log and feeds "best" checkpoints
     (`checkpoint_policy.best_metric`). `config` (JSON-able) is stored in checkpoints and must
     match on resume. `callback(step, state, metrics)` runs after each logged step, after that
-    step's checkpoints are written (metrics as Python floats).
+    step's checkpoints are written (metrics as Python floats). `estimators` may be an
+    EstimatorSchedule: new estimators (fresh states at the current theta) every `every` steps.
     """
-    estimators = list(estimators)
+    schedule = estimators if isinstance(estimators, EstimatorSchedule) else None
+    estimators = schedule(0) if schedule is not None else list(estimators)
     if not estimators:
         raise ValueError("outer_train needs at least one GradientEstimator")
     if num_steps < 0:
@@ -138,7 +151,7 @@ def outer_train(learner: GradientLearner, estimators: Sequence[GradientEstimator
     if policy.best_metric and not (meta_evaluator and eval_every):
         warnings.warn(f"best_metric={policy.best_metric!r} needs meta_evaluator and eval_every > 0; "
                       f"no best checkpoints will be written")
-    meta = run_metadata(learner, estimators, config)
+    meta = run_metadata(learner, estimators if schedule is None else [repr(schedule)], config)
     mgr = CheckpointManager(os.path.join(output_dir, CHECKPOINT_DIR), policy) if output_dir is not None else None
 
     elapsed0, dropped_total = 0.0, 0
@@ -149,6 +162,9 @@ def outer_train(learner: GradientLearner, estimators: Sequence[GradientEstimator
         init = lambda k: init_outer_state(learner, estimators, k)
         found = None
         if mgr is not None and resume:
+            latest = mgr.latest()
+            if schedule is not None and latest is not None:  # the estimators that checkpoint was written with
+                estimators = schedule(max(read_checkpoint(latest)["step"] - 1, 0))
             found = mgr.restore_latest(jax.eval_shape(init, jax.random.key(seed)), expect=meta)
         if found is not None:
             state, payload = found
@@ -160,6 +176,8 @@ def outer_train(learner: GradientLearner, estimators: Sequence[GradientEstimator
         else:
             state = init(jax.random.key(seed))
     start = state.step
+    if schedule is not None and state is not None:
+        estimators = schedule(max(start - 1, 0))
     inner_per_step = sum(getattr(e, "inner_steps_per_estimate", 0) for e in estimators)
     labels = estimator_labels(estimators)
     log = MetricsLog(output_dir, resume_step=start, tensorboard=tensorboard)
@@ -170,6 +188,10 @@ def outer_train(learner: GradientLearner, estimators: Sequence[GradientEstimator
     steps_since = 0
     try:
         for i in range(start, target):
+            if schedule is not None and schedule.resamples_at(i):
+                estimators, state = _resample(schedule, state, i)
+                inner_per_step = sum(getattr(e, "inner_steps_per_estimate", 0) for e in estimators)
+                labels = estimator_labels(estimators)
             state, metrics = outer_step(learner, estimators, state, i, weights)
             step, steps_since = i + 1, steps_since + 1
             dropped = int(metrics["num_dropped"])

@@ -1,0 +1,58 @@
+"""Re-sampling estimators every N outer steps (e.g. new task families), with exact resume."""
+import chex
+import optax
+import pytest
+
+import lopt
+import outer_trainers as ot
+import tasks
+
+
+def _make(period):
+    """Period k trains quadratics of dimension 2 + k: a static change that needs new estimators."""
+    step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=2 + period), lopt.LearnableSGD(0.05),
+                                ot.ConstantTruncationSchedule(6))
+    return [ot.TruncatedPES(step, num_tasks=2, trunc_length=3, std=0.05)]
+
+
+@pytest.fixture(scope="module")
+def learner():
+    return ot.GradientLearner(lopt.LearnableSGD(0.05), optax.adam(0.05))
+
+
+def test_schedule_swaps_estimators_every_period(learner):
+    seen = []
+    state = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5, progress=False,
+                           callback=lambda step, st, m: seen.append(
+                               st.estimator_states[0].inner_state.params["x"].shape[-1]))
+    # steps 1-2 on dim 2, 3-4 on dim 3, 5 on dim 4
+    assert seen == [2, 2, 3, 3, 4]
+    assert state.step == 5
+
+
+def test_schedule_resume_matches_a_straight_run(learner, tmp_path):
+    policy = ot.CheckpointPolicy(every_steps=1, every_seconds=None)
+    straight = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5, progress=False)
+    out = str(tmp_path / "run")
+    ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=4, output_dir=out, progress=False,
+                   checkpoint_policy=policy, tensorboard=False)
+    resumed = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5, output_dir=out, progress=False,
+                             checkpoint_policy=policy, tensorboard=False)
+    assert resumed.step == 5
+    chex.assert_trees_all_equal(resumed.theta, straight.theta)
+
+
+def test_make_must_return_estimators():
+    with pytest.raises(TypeError, match="GradientEstimators"):
+        ot.EstimatorSchedule(3, lambda k: [])(0)
+    with pytest.raises(ValueError, match="every"):
+        ot.EstimatorSchedule(0, _make)
+
+
+def test_family_schedule_feeds_an_estimator_schedule():
+    """tasks.FamilySchedule (host-sampled static configs) plugs into EstimatorSchedule."""
+    fams = tasks.FamilySchedule(every=1, seed=0, sampler=lambda rng: tasks.QuadraticFamily(
+        dim=int(rng.integers(2, 5))))
+    sched = ot.EstimatorSchedule(1, lambda k: [ot.TruncatedES(
+        ot.LOptTruncatedStep(fams(k), lopt.LearnableSGD(0.05), ot.ConstantTruncationSchedule(4)), 2, 2, std=0.05)])
+    assert sched(3)[0].truncated_step.task_family is fams(3)
