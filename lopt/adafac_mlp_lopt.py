@@ -157,6 +157,18 @@ def first_layer_init(key: jax.Array, n_feat: int, n_time: int, n_progress: int, 
     return layer
 
 
+def per_param_mlp_init(key: jax.Array, n_feat: int, n_time: int, n_progress: int, hidden: int,
+                       hidden_layers: int) -> dict:
+    """Theta of a per-parameter MLP: {"input": first_layer_init(...), "hidden_i": dense [H, H]
+    for i in 1..hidden_layers-1, "output": dense [H, 2]}."""
+    keys = jax.random.split(key, hidden_layers + 1)
+    theta = {"input": first_layer_init(keys[0], n_feat, n_time, n_progress, hidden)}
+    for i in range(1, hidden_layers):
+        theta[f"hidden_{i}"] = dense_init(keys[i], hidden, hidden)
+    theta["output"] = dense_init(keys[-1], hidden, 2)
+    return theta
+
+
 def shared_bias(layer: dict, iteration: jax.Array, timescales: Sequence[float], num_steps: Optional[Any]) -> jax.Array:
     """b + emb(t) W_time (+ progress(t, N) W_progress): the tensor-constant inputs as a bias [H]."""
     bias = layer["b"] + ft.step_embedding(iteration, timescales) @ layer["w_time"]
@@ -194,13 +206,8 @@ class AdafacMLPLOpt(LearnedOptimizer):
                     exp_mult=self.exp_mult, timescales=list(self.timescales), use_num_steps=self.use_num_steps)
 
     def init(self, key: jax.Array) -> dict:
-        keys = jax.random.split(key, self.hidden_layers + 1)
-        h = self.hidden_size
-        theta = {"input": first_layer_init(keys[0], self.num_features, len(self.timescales),
-                                           ft.NUM_PROGRESS if self.use_num_steps else 0, h)}
-        for i in range(1, self.hidden_layers):
-            theta[f"hidden_{i}"] = dense_init(keys[i], h, h)
-        theta["output"] = dense_init(keys[-1], h, 2)
+        theta = per_param_mlp_init(key, self.num_features, len(self.timescales),
+                                   ft.NUM_PROGRESS if self.use_num_steps else 0, self.hidden_size, self.hidden_layers)
         logits = lambda ds: jnp.asarray([_logit(d) for d in ds], jnp.float32)
         theta["decays"] = {"momentum": logits(self.momentum_decays), "rms": logits([self.rms_decay]),
                            "adafactor": logits(self.adafactor_decays)}

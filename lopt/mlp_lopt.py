@@ -33,10 +33,9 @@ import jax.numpy as jnp
 import optax
 
 from lopt import features as ft
-from lopt.adafac_mlp_lopt import first_layer_init, shared_bias
+from lopt.adafac_mlp_lopt import per_param_mlp_init, shared_bias
 from lopt.base import LearnedOptimizer
 from lopt.features import TIMESCALES, step_embedding  # noqa: F401  (re-exported)
-from lopt.nn import dense_init
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 CHUNK = 16384
@@ -98,14 +97,8 @@ class MLPLOpt(LearnedOptimizer):
                     timescales=list(self.timescales), use_num_steps=self.use_num_steps)
 
     def init(self, key: jax.Array) -> dict:
-        keys = jax.random.split(key, self.hidden_layers + 2)
-        h = self.hidden_size
-        theta = {"input": first_layer_init(keys[0], self.num_features, len(self.timescales),
-                                           ft.NUM_PROGRESS if self.use_num_steps else 0, h)}
-        for i in range(1, self.hidden_layers):
-            theta[f"hidden_{i}"] = dense_init(keys[i], h, h)
-        theta["output"] = dense_init(keys[-1], h, 2)
-        return theta
+        return per_param_mlp_init(key, self.num_features, len(self.timescales),
+                                  ft.NUM_PROGRESS if self.use_num_steps else 0, self.hidden_size, self.hidden_layers)
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:

@@ -52,18 +52,23 @@ def save_theta(path: str, learned_opt: LearnedOptimizer, theta: Any) -> None:
     atomic_write_bytes(path, serialization.msgpack_serialize(payload))
 
 
-def _read(path: str) -> dict:
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"no saved theta at {path}")
+def read_msgpack_file(path: str, format_marker: str, what: str, error: type = ValueError) -> dict:
+    """The msgpack map in `path`; `error` naming `what` if it does not decode or lacks the marker."""
     with open(path, "rb") as f:
         raw = f.read()
     try:
         payload = serialization.msgpack_restore(raw)
-    except Exception as e:  # msgpack raises several types on corrupt input
-        raise ValueError(f"{path} is not a lopt theta file (msgpack decode failed: {e})") from e
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a lopt theta file (format marker missing)")
+    except Exception as e:  # msgpack raises several types on corrupt or truncated input
+        raise error(f"{path} is not a readable {what} ({type(e).__name__}: {e})") from e
+    if not isinstance(payload, dict) or payload.get("format") != format_marker:
+        raise error(f"{path} is not a {what} (format marker missing)")
     return payload
+
+
+def _read(path: str) -> dict:
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no saved theta at {path}")
+    return read_msgpack_file(path, FORMAT, "lopt theta file")
 
 
 def _check_structure(learned_opt: LearnedOptimizer, theta: Any, where: str) -> None:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from lopt.serialization import atomic_write_bytes
+from lopt.serialization import atomic_write_bytes, read_msgpack_file
 
 FORMAT, VERSION = "lopt.checkpoint", 1
 _NAME = re.compile(r"^ckpt_(\d+)\.msgpack$")
@@ -102,14 +102,7 @@ def to_bytes(state: Any, step: int, meta: Optional[dict] = None) -> bytes:
 
 def read(path: str) -> dict:
     """The decoded checkpoint file (raises ValueError if it is not one)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        payload = serialization.msgpack_restore(raw)
-    except Exception as e:  # msgpack raises several types on truncated input
-        raise CorruptCheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: {e})") from e
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise CorruptCheckpointError(f"{path} is not a lopt checkpoint (format marker missing)")
+    payload = read_msgpack_file(path, FORMAT, "lopt checkpoint", CorruptCheckpointError)
     payload["meta"] = json.loads(payload["meta"])
     payload["structure"] = json.loads(payload["structure"])
     return payload

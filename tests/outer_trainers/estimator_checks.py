@@ -58,6 +58,14 @@ def truncation_references(jac: np.ndarray, trunc: int, num_truncs: int) -> np.nd
     return np.stack(refs)
 
 
+def truncated_problem():
+    """(truncated step, theta, per-truncation exact references [NUM_TRUNCS, |theta|]) of the
+    deterministic quadratic problem whose episodes reset at every position of a truncation."""
+    ts = quadratic_step()
+    theta = theta0()
+    return ts, theta, truncation_references(episode_jacobian(ts, theta), TRUNC, NUM_TRUNCS)
+
+
 def collect(est, theta, num_truncs: int, replicates: int, seed: int = 0) -> np.ndarray:
     """Estimates of `replicates` independent runs, shape [replicates, num_truncs, dim θ]."""
     out = np.zeros((replicates, num_truncs, flat(theta).size))

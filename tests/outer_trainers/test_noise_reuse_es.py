@@ -9,10 +9,7 @@ from tests.outer_trainers import estimator_checks as C
 
 @pytest.fixture(scope="module")
 def problem():
-    ts = C.quadratic_step()
-    theta = C.theta0()
-    ref = C.truncation_references(C.episode_jacobian(ts, theta), C.TRUNC, C.NUM_TRUNCS)
-    return ts, theta, ref
+    return C.truncated_problem()
 
 
 def test_nres_mean_matches_exact_gradient_across_resets(problem):
