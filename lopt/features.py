@@ -6,7 +6,6 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
 - `step_embedding(t)`      tanh(t/τ − 1) for τ in timescales                      [T]
 - `progress_features(t, N)` (min(t/N, 1), log1p(N)/10, 1) or zeros if N is None     [3]
 - `loss_features(ℓ, s)`    (has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + 1e-6)))                  [2]
-- `feature_rms(xs)`        sqrt(mean(x²) + ε) of each feature over the tensor         [F]
 
 The per-tensor RMS normalisation x_f / rms_f that the architectures apply to their features
 is linear per feature, so they fold 1/rms_f into the rows of the first layer's weights:
@@ -62,12 +61,6 @@ def init_loss_state() -> jax.Array:
     return jnp.zeros((2,), jnp.float32)
 
 
-def feature_rms(features: Sequence[jax.Array], eps: float = EPS) -> jax.Array:
-    """sqrt(mean(x_f²) + eps) over every element, for each feature array x_f: [F].
-
-    The features may broadcast against each other (a row factor and a full tensor); each is
-    averaged over its own elements, which equals the mean over the broadcast tensor."""
-    return jnp.sqrt(jnp.stack([jnp.mean(jnp.square(x)) for x in features]) + eps)
 
 
 def leaves_of(tree: Any, *others: Any) -> tuple[Any, list, list[list]]:

@@ -48,9 +48,6 @@ class MLPLOptState(NamedTuple):
     iteration: jax.Array  # int32 []
 
 
-def rms_normalize(x: jax.Array, axes: Sequence[int], eps: float = 1e-8) -> jax.Array:
-    """x / sqrt(mean(x², axes) + eps): per-tensor second-moment normalisation."""
-    return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=tuple(axes), keepdims=True) + eps)
 
 
 def to_blocks(x: jax.Array, chunk: int) -> jax.Array:
@@ -141,7 +138,7 @@ class MLPLOpt(LearnedOptimizer):
             rsqrt_v = jax.lax.rsqrt(v + 1e-8)
             feats = [g32, p32, *m, jnp.sqrt(v), g32 * rsqrt_v, m[mom_idx] * rsqrt_v]  # F arrays of [n]
             assert len(feats) == nfeat
-            # rms_normalize(feats) @ W1 == feats @ (W1 / rms[:, None])
+            # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
             rms_inv = jax.lax.rsqrt(jnp.stack([jnp.mean(jnp.square(f)) for f in feats]) + 1e-8)
             w1t = (theta["input"]["w"] * rms_inv[:, None]).T
             if n < self.column_min_size:  # small tensors: row-major [n, F] @ [F, H] is cheaper

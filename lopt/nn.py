@@ -21,8 +21,6 @@ def dense_init(key: jax.Array, fan_in: int, fan_out: int, scale: float = 1.0) ->
     return {"w": w, "b": jnp.zeros((fan_out,), jnp.float32)}
 
 
-def dense(params: dict, x: jax.Array) -> jax.Array:
-    return x @ params["w"] + params["b"]
 
 
 def lstm_init(key: jax.Array, in_size: int, hidden_size: int) -> dict:

@@ -264,8 +264,13 @@ class CheckpointManager:
         meta = dict(meta or {}, best_metric=self.policy.best_metric, best_value=float(value))
         path = self.path("best", step)
         atomic_write_bytes(path, to_bytes(state, step, meta))
-        ranked = sorted(self.list("best"), key=lambda c: (self._best_value_of(c[1]) or 0.0) *
-                        (1 if self.policy.best_mode == "min" else -1))
+        sign = 1.0 if self.policy.best_mode == "min" else -1.0
+
+        def rank(c):  # best first; an unreadable file ranks last and is the first removed
+            v = self._best_value_of(c[1])
+            return float("inf") if v is None else sign * v
+
+        ranked = sorted(self.list("best"), key=rank)
         for _, old in ranked[self.policy.keep_best:]:
             _remove(old)
         return path

@@ -100,12 +100,13 @@ class FullES(GradientEstimator):
         eps = U.sample_perturbations(theta, k_eps, n, self.std)
         thetas = U.tree_stack_pm(theta, eps)
         states = init_pm_particles(self.truncated_step, thetas, k_init, n, outer_state, data)
-        vstep = jax.vmap(lambda th, s, k: self.truncated_step.step(th, s, k, outer_state=outer_state, data=data))
+        ts = self.truncated_step
 
         def step(carry, t):
             states, active, loss_sum, count, last, nonfinite = carry
             keys = jax.random.split(jax.random.fold_in(k_unroll, t), n)
-            states, out = vstep(thetas, states, jnp.concatenate([keys, keys], axis=0))
+            states, out = ts.batched_step(thetas, states, jnp.concatenate([keys, keys], axis=0),
+                                          outer_state=outer_state, data=data)
             act = active & (t < T)
             use = act & out.mask
             loss = jnp.where(use, out.loss, 0.0)
@@ -133,7 +134,7 @@ class FullES(GradientEstimator):
             diff = jnp.sign(diff) * self.sign_delta_loss_scalar
         scale = diff / (2 * self.std**2 * n)
         grad = jax.tree_util.tree_map(lambda e: jnp.tensordot(scale, e, axes=1), eps)
-        loss = U.masked_mean(jnp.where(count > 0, L, 0.0), count > 0)
+        loss = U.masked_mean(L, count > 0)
         metrics = {"nonfinite": jnp.sum(nonfinite), "resets": jnp.sum(~active),
                    "episode_steps": jnp.max(count)}
         return state, Estimate(grad, loss, metrics)

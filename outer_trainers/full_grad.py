@@ -94,4 +94,4 @@ class FullGrad(GradientEstimator):
             theta, init_keys, jax.random.split(k_unroll, n))
         grad, dropped = mean_finite_grads(grads, losses)
         metrics = {"nonfinite": jnp.sum(nonfinite), "resets": jnp.sum(ended), "nonfinite_grads": dropped}
-        return state, Estimate(grad, U.masked_mean(jnp.where(count > 0, losses, 0.0), count > 0), metrics)
+        return state, Estimate(grad, U.masked_mean(losses, count > 0), metrics)

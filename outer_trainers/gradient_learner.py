@@ -18,6 +18,7 @@ from flax import struct
 
 from lopt.base import LearnedOptimizer
 from outer_trainers.gradient_estimator import Estimate
+from outer_trainers.unroll import tree_all_finite
 
 
 @struct.dataclass
@@ -32,8 +33,7 @@ def tree_norm(tree: Any) -> jax.Array:
 
 
 def _finite(est: Estimate) -> jax.Array:
-    ok = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(est.grad)]
-    return jnp.all(jnp.stack(ok + [jnp.isfinite(est.loss)]))
+    return tree_all_finite(est.grad) & jnp.isfinite(est.loss)
 
 
 class GradientLearner:

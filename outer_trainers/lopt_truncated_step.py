@@ -23,6 +23,7 @@ from flax import struct
 
 from lopt.base import LearnedOptimizer
 from outer_trainers.truncated_step import StepOut, TruncatedStep, tree_where
+from outer_trainers.unroll import tree_all_finite
 from outer_trainers.truncation_schedule import TruncationSchedule, TruncationState
 from tasks.base import TaskFamily
 
@@ -35,12 +36,6 @@ class LOptInnerState:
     opt_state: Any
     inner_step: jax.Array  # int32 []: steps taken in this episode
     trunc_state: TruncationState
-
-
-def _all_finite(tree: Any) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)
-              if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
 class LOptTruncatedStep(TruncatedStep):
@@ -102,7 +97,7 @@ class LOptTruncatedStep(TruncatedStep):
         # A finished episode is re-initialised (fresh length included) by the reset, so only the test is needed.
         trunc_state = state.trunc_state
         is_done = self.trunc_sched.done(trunc_state, inner_step, outer_state)
-        finite = jnp.isfinite(loss) & jnp.isfinite(meta_loss) & _all_finite(params)
+        finite = jnp.isfinite(loss) & jnp.isfinite(meta_loss) & tree_all_finite(params)
         is_done = is_done | ~finite
         advanced = LOptInnerState(state.task_cfg, params, model_state, opt_state, inner_step, trunc_state)
         out = StepOut(loss=jnp.where(finite, meta_loss, 0.0), is_done=is_done, mask=finite,

@@ -28,7 +28,6 @@ from flax import struct
 
 from lopt.serialization import save_theta
 from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy
-from outer_trainers.checkpoints import read as read_checkpoint
 from outer_trainers.estimator_schedule import EstimatorSchedule
 from outer_trainers.gradient_estimator import GradientEstimator
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
@@ -107,13 +106,15 @@ def _resample(schedule: EstimatorSchedule, state: OuterTrainState, outer_iterati
     return estimators, state.replace(estimator_states=est_states)
 
 
-def run_metadata(learner: GradientLearner, estimators: Sequence[GradientEstimator],
+def run_metadata(learner: GradientLearner, estimators: Sequence[Union[GradientEstimator, str]],
                  config: Optional[dict] = None) -> dict:
     """What a checkpoint must match to be resumed: the learned optimizer's architecture and config,
-    the estimators, and `config` (e.g. the run's gin bindings)."""
+    the estimators (or labels such as an EstimatorSchedule's repr), and `config` (e.g. the run's
+    gin bindings)."""
     lo = learner.learned_opt
+    labels = [e if isinstance(e, str) else getattr(e, "name", type(e).__name__) for e in estimators]
     meta = {"architecture": type(lo).__name__, "lopt_config": json.loads(json.dumps(lo.config(), sort_keys=True)),
-            "estimators": [getattr(e, "name", type(e).__name__) for e in estimators]}
+            "estimators": labels}
     if config is not None:
         meta["config"] = json.loads(json.dumps(config, sort_keys=True))
     return meta
@@ -162,9 +163,9 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         init = lambda k: init_outer_state(learner, estimators, k)
         found = None
         if mgr is not None and resume:
-            latest = mgr.latest()
-            if schedule is not None and latest is not None:  # the estimators that checkpoint was written with
-                estimators = schedule(max(read_checkpoint(latest)["step"] - 1, 0))
+            newest = mgr.all()
+            if schedule is not None and newest:  # the estimators the newest checkpoint was written with
+                estimators = schedule(max(newest[0][0] - 1, 0))
             found = mgr.restore_latest(jax.eval_shape(init, jax.random.key(seed)), expect=meta)
         if found is not None:
             state, payload = found
@@ -176,7 +177,7 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         else:
             state = init(jax.random.key(seed))
     start = state.step
-    if schedule is not None and state is not None:
+    if schedule is not None:  # the estimators that wrote `state` (a restored or a caller's one)
         estimators = schedule(max(start - 1, 0))
     inner_per_step = sum(getattr(e, "inner_steps_per_estimate", 0) for e in estimators)
     labels = estimator_labels(estimators)

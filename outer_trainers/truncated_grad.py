@@ -26,11 +26,6 @@ class TruncatedGradState:
     inner_state: object  # [N] particles
 
 
-def tree_all_finite(tree) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
-
-
 def particle_step_fn(ts: TruncatedStep, outer_state, data, remat: bool):
     """step(θ, state, key) of one particle, optionally rematerialised."""
     step = lambda th, s, k: ts.step(th, s, k, outer_state=outer_state, data=data)
@@ -40,7 +35,7 @@ def particle_step_fn(ts: TruncatedStep, outer_state, data, remat: bool):
 def mean_finite_grads(grads, losses: jax.Array):
     """Mean over particles of per-particle grads [N, ...] whose grad and loss are finite.
     Returns (mean grad, number of dropped particles)."""
-    ok = jax.vmap(tree_all_finite)(grads) & jnp.isfinite(losses)
+    ok = jax.vmap(U.tree_all_finite)(grads) & jnp.isfinite(losses)
     denom = jnp.maximum(jnp.sum(ok), 1).astype(jnp.float32)
     w = ok.astype(jnp.float32) / denom
     mean = jax.tree_util.tree_map(lambda g: jnp.tensordot(w, jnp.where(
@@ -83,4 +78,4 @@ class TruncatedGrad(TruncatedEstimator):
         grad, dropped = mean_finite_grads(grads, losses)
         metrics = {"nonfinite": jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0))),
                    "resets": jnp.sum(out.is_done), "nonfinite_grads": dropped}
-        return TruncatedGradState(states), Estimate(grad, U.masked_mean(jnp.where(out.mask, out.loss, 0.0), out.mask), metrics)
+        return TruncatedGradState(states), Estimate(grad, U.masked_mean(out.loss, out.mask), metrics)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import statistics
 import time
 
@@ -26,6 +25,7 @@ import jax
 import optax
 
 import lopt
+from benchmark_optimizers import update_markdown
 import outer_trainers as ot
 import tasks
 
@@ -127,8 +127,9 @@ def bench(problem_keys, estimator_names, repeats):
     lo = lopt.MLPLOpt()
     theta = lo.init(jax.random.key(0))
     factories = estimator_factories()
+    all_problems = problems()
     for pk in problem_keys:
-        label, family = problems()[pk]
+        label, family = all_problems[pk]
         sched = ot.LogUniformTruncationSchedule(100, 1000)
         step = ot.LOptTruncatedStep(family, lo, sched)
         floor = floor_fn(family, lo, theta, 2 * NUM_TASKS, TRUNC)
@@ -160,16 +161,6 @@ def to_markdown(rows) -> str:
     return "\n".join([head] + body)
 
 
-def write_section(path: str, title: str, content: str) -> None:
-    """Replaces (or appends) the `## title` section of a Markdown file."""
-    text = open(path, encoding="utf-8").read() if os.path.exists(path) else "# Benchmarks\n"
-    section = f"## {title}\n\n{content}\n"
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--problems", default="a,b,c")
@@ -190,7 +181,7 @@ def main():
                f"{platform.processor() or platform.machine()}; MLPLOpt, {NUM_TASKS} tasks, trunc_length {TRUNC}, "
                f"LogUniform(100, 1000) episodes; median of {args.repeats}.")
         title = args.title or f"Estimators ({dev.platform})"
-        write_section(args.markdown, title, f"{env} {jax.local_device_count()} local device(s). {args.note}\n\n{table}")
+        update_markdown(args.markdown, f"## {title}\n\n{env} {jax.local_device_count()} local device(s). {args.note}\n\n{table}\n")
 
 
 if __name__ == "__main__":

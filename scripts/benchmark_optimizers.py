@@ -106,12 +106,24 @@ def render(results, flops, repeats, note) -> str:
 
 
 def replace_section(doc: str, section: str) -> str:
-    """`doc` with its SECTION (up to the next '## ' heading) replaced by `section`, or appended."""
-    pattern = re.compile(rf"^{re.escape(SECTION)}\s*$.*?(?=^## |\Z)", re.M | re.S)
+    """`doc` with the section headed by `section`'s first line ('## ...', up to the next '## '
+    heading) replaced by `section`, or with `section` appended."""
+    heading = section.splitlines()[0].strip()
+    pattern = re.compile(rf"^{re.escape(heading)}\s*$.*?(?=^## |\Z)", re.M | re.S)
     if pattern.search(doc):
         return pattern.sub(lambda _: section + "\n", doc, count=1).rstrip("\n") + "\n"
     head = doc.rstrip("\n")
     return (head + "\n\n" if head else "# Benchmarks\n\n") + section
+
+
+def update_markdown(path: str, section: str) -> None:
+    """Replaces (or appends) `section` in the Markdown file at `path`."""
+    doc = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            doc = f.read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(replace_section(doc, section))
 
 
 def main(argv=None):
@@ -127,9 +139,7 @@ def main(argv=None):
     section = render(results, flops, args.repeats, args.note)
     print(section)
     if not args.no_write:
-        doc = open(args.out).read() if os.path.exists(args.out) else ""
-        with open(args.out, "w") as f:
-            f.write(replace_section(doc, section))
+        update_markdown(args.out, section)
     return results
 
 

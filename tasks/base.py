@@ -15,7 +15,7 @@ arrays can be passed into jit once as an argument instead of being baked in as c
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import math
 
@@ -137,9 +137,3 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.mean(jnp.argmax(logits, axis=-1) == labels)
 
-
-def check_finite_params(params: Params, where: Optional[str] = None) -> None:
-    """Raises ValueError naming the first non-finite leaf (host-side check, not for jit)."""
-    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        if not bool(jnp.all(jnp.isfinite(leaf))):
-            raise ValueError(f"non-finite values in {jax.tree_util.keystr(path)}" + (f" ({where})" if where else ""))
