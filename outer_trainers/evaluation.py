@@ -45,6 +45,13 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
     return jax.jit(jax.vmap(train_one, in_axes=(None, 0, 0, None)))
 
 
+def final_loss(losses) -> np.ndarray:
+    """The "final" loss of training curves: the mean of the last 10% of steps, [..., T] -> [...]."""
+    losses = np.asarray(losses)
+    tail = max(1, losses.shape[-1] // 10)
+    return np.mean(losses[..., -tail:], axis=-1)
+
+
 def sample_cfgs(family: TaskFamily, key: jax.Array, num_tasks: int) -> Any:
     return jax.vmap(family.sample)(jax.random.split(key, num_tasks))
 
@@ -60,12 +67,11 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
     k_cfg, k_run = jax.random.split(key)
     cfgs = sample_cfgs(family, k_cfg, num_tasks)
     run_keys = jax.random.split(k_run, num_tasks)
-    tail = max(1, num_steps // 10)
     results = {}
 
     def summarize(losses, evals):
         losses, evals = np.asarray(losses), np.asarray(evals)
-        return {"final_train": float(np.mean(losses[:, -tail:])), "eval": float(np.mean(evals)),
+        return {"final_train": float(np.mean(final_loss(losses))), "eval": float(np.mean(evals)),
                 "curve": losses.mean(0).tolist()}
 
     learned = make_task_trainer(family, learned_tx, num_steps, eval_split=eval_split)

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from lopt.base import LearnedOptimizer
-from outer_trainers.evaluation import make_task_trainer, sample_cfgs
+from outer_trainers.evaluation import final_loss, make_task_trainer, sample_cfgs
 from tasks.base import Task, TaskFamily, single_task_family
 
 
@@ -53,12 +53,12 @@ class MetaEvaluator:
 
     def __call__(self, theta: Any) -> dict:
         """Python floats: per family final/mean/eval normalised loss, and their means over families."""
-        out, tail = {}, max(1, self.num_steps // 10)
+        out = {}
         totals = {"final_loss": [], "mean_loss": [], "eval_loss": []}
         for name, f, trainer, (cfgs, keys) in zip(self.names, self.families, self._trainers, self._inputs):
             losses, evals = jax.device_get(trainer(theta, cfgs, keys, f.data))
             losses, evals = np.asarray(losses, np.float64), np.asarray(evals, np.float64)
-            vals = {"final_loss": float(np.mean(losses[:, -tail:])), "mean_loss": float(np.mean(losses)),
+            vals = {"final_loss": float(np.mean(final_loss(losses))), "mean_loss": float(np.mean(losses)),
                     "eval_loss": float(np.mean(evals))}
             for k, v in vals.items():
                 out[f"eval/{name}/{k}"] = v

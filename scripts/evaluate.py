@@ -36,17 +36,11 @@ import optax
 
 import lopt
 import outer_trainers.gin_registry  # noqa: F401  (registers the public API with gin)
-from outer_trainers.evaluation import make_task_trainer
+from outer_trainers.evaluation import final_loss, make_task_trainer
 from tasks.base import Task, TaskFamily, single_task_family
 
 ADAM_LRS = tuple(float(x) for x in np.logspace(-4, -1, 7))
 SGDM_LRS = tuple(float(x) for x in np.logspace(-3, 0, 7))
-
-
-def _final(losses: np.ndarray) -> np.ndarray:
-    """Mean of the last 10% of steps: losses [S, T] -> [S]."""
-    tail = max(1, losses.shape[-1] // 10)
-    return np.mean(losses[..., -tail:], axis=-1)
 
 
 def _score(finals: np.ndarray) -> float:
@@ -83,7 +77,7 @@ def best_runs(runs: list[dict]) -> dict:
     best = {}
     for r in runs:
         cur = best.get(r["optimizer"])
-        if cur is None or _score(_final(r["losses"])) < _score(_final(cur["losses"])):
+        if cur is None or _score(final_loss(r["losses"])) < _score(final_loss(cur["losses"])):
             best[r["optimizer"]] = r
     return best
 
@@ -96,7 +90,7 @@ def write_csv(path: str, results: dict, seeds: Sequence[int]) -> None:
             for r in runs:
                 for i, s in enumerate(seeds):
                     w.writerow([task, r["optimizer"], "" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.6g}",
-                                s, f"{_final(r['losses'])[i]:.6g}", f"{r['evals'][i]:.6g}"])
+                                s, f"{final_loss(r['losses'])[i]:.6g}", f"{r['evals'][i]:.6g}"])
 
 
 def markdown_table(results: dict, num_steps: int) -> str:
@@ -104,7 +98,7 @@ def markdown_table(results: dict, num_steps: int) -> str:
              "|---|---|---|---|---|"]
     for task, runs in results.items():
         for name, r in best_runs(runs).items():
-            fin = _final(r["losses"])
+            fin = final_loss(r["losses"])
             lr = "—" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.3g}"
             lines.append(f"| {task} | {name} | {lr} | {np.median(fin):.4g} [{np.min(fin):.4g}, {np.max(fin):.4g}] "
                          f"| {np.median(r['evals']):.4g} |")

@@ -16,18 +16,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from tasks.base import Task, TaskFamily, scaled_normalizer
+from tasks.base import Task, TaskFamily, check_range, log_uniform, scaled_normalizer
 
 
-def _log_uniform(key, lo, hi, shape=()):
-    return jnp.exp(jax.random.uniform(key, shape, jnp.float32, jnp.log(lo), jnp.log(hi)))
-
-
-def _check_range(rng, what):
-    lo, hi = rng
-    if not 0 < lo <= hi:
-        raise ValueError(f"{what} must satisfy 0 < lo <= hi, got {rng}")
-    return float(lo), float(hi)
 
 
 class WrappedTask(Task):
@@ -75,7 +66,7 @@ class ScaleReparam(_WrappedFamily):
 
     def __init__(self, family: TaskFamily, scale_range: tuple[float, float] = (0.1, 10.0)):
         super().__init__(family, "reparam")
-        self.scale_range = _check_range(scale_range, "scale_range")
+        self.scale_range = check_range(scale_range, "scale_range")
         key = jax.random.key(0)
         self._treedef = jax.tree_util.tree_structure(jax.eval_shape(
             lambda k: family.task_fn(family.sample(k)).init_with_state(k)[0], key))
@@ -83,7 +74,7 @@ class ScaleReparam(_WrappedFamily):
     def sample(self, key):
         k_inner, k_scale = jax.random.split(key)
         n = self._treedef.num_leaves
-        scales = _log_uniform(k_scale, *self.scale_range, (n,))
+        scales = log_uniform(k_scale, *self.scale_range, (n,))
         return {"inner": self.family.sample(k_inner),
                 "scales": jax.tree_util.tree_unflatten(self._treedef, [scales[i] for i in range(n)])}
 
@@ -137,11 +128,11 @@ class GradientNoise(_WrappedFamily):
 
     def __init__(self, family: TaskFamily, std_range: tuple[float, float] = (0.01, 1.0)):
         super().__init__(family, "gradnoise")
-        self.std_range = _check_range(std_range, "std_range")
+        self.std_range = check_range(std_range, "std_range")
 
     def sample(self, key):
         k_inner, k_std = jax.random.split(key)
-        return {"inner": self.family.sample(k_inner), "grad_noise_std": _log_uniform(k_std, *self.std_range)}
+        return {"inner": self.family.sample(k_inner), "grad_noise_std": log_uniform(k_std, *self.std_range)}
 
     def task_fn(self, cfg):
         return _NoisyGradTask(self.family.task_fn(cfg["inner"]), cfg["grad_noise_std"])

@@ -105,16 +105,8 @@ def single_task_family(task: Task) -> TaskFamily:
 
 def classification_normalizer(num_classes: int, max_value: float = 1.5) -> Callable[[jax.Array], jax.Array]:
     """loss / log(num_classes), clipped to `max_value`: an untrained classifier scores ~1.
-
-    Non-finite losses map to `max_value` so a diverged inner run yields a bounded meta-loss.
-    """
-    scale = 1.0 / math.log(num_classes)
-
-    def normalize(loss):
-        x = loss * scale
-        return jnp.where(jnp.isfinite(x), jnp.minimum(x, max_value), max_value)
-
-    return normalize
+    Non-finite losses map to `max_value` so a diverged inner run yields a bounded meta-loss."""
+    return scaled_normalizer(math.log(num_classes), max_value)
 
 
 def scaled_normalizer(scale, max_value: float = 10.0) -> Callable[[jax.Array], jax.Array]:
@@ -126,6 +118,19 @@ def scaled_normalizer(scale, max_value: float = 10.0) -> Callable[[jax.Array], j
         return jnp.where(jnp.isfinite(x), jnp.minimum(x, max_value), max_value)
 
     return normalize
+
+
+def log_uniform(key: jax.Array, lo: float, hi: float, shape: tuple = ()) -> jax.Array:
+    """exp(U[log lo, log hi)) float32 of `shape`: the usual draw of scales in task families."""
+    return jnp.exp(jax.random.uniform(key, shape, jnp.float32, jnp.log(lo), jnp.log(hi)))
+
+
+def check_range(value_range: tuple[float, float], what: str) -> tuple[float, float]:
+    """(lo, hi) as floats, or ValueError naming `what` unless 0 < lo <= hi."""
+    lo, hi = value_range
+    if not 0 < lo <= hi:
+        raise ValueError(f"{what} must satisfy 0 < lo <= hi, got {value_range}")
+    return float(lo), float(hi)
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

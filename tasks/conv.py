@@ -15,7 +15,8 @@ import jax.numpy as jnp
 
 from tasks.base import Task, TaskFamily, classification_normalizer, softmax_cross_entropy
 from tasks.datasets.data_source import as_float_images
-from tasks.image_mlp import ACTIVATIONS, _activation_fn, check_family_args, classification_data, scaled_init
+from tasks.image_mlp import (ACTIVATIONS, _activation_fn, check_family_args, classification_data,
+                             sample_scale_and_activation, scaled_init)
 
 
 class ConvTask(Task):
@@ -79,10 +80,7 @@ class ConvFamily(TaskFamily):
         self.name = f"conv_family_{self.dataset}_{'x'.join(map(str, self.channels))}"
 
     def sample(self, key: jax.Array) -> dict:
-        k1, k2 = jax.random.split(key)
-        lo, hi = self.init_scale_range
-        scale = jnp.exp(jax.random.uniform(k1, (), jnp.float32, jnp.log(lo), jnp.log(hi)))
-        return {"init_scale": scale, "activation": jax.random.randint(k2, (), 0, len(self.activations))}
+        return sample_scale_and_activation(key, self.init_scale_range, len(self.activations))
 
     def task_fn(self, cfg: dict) -> ConvTask:
         return ConvTask(self.data, self.channels, kernel_size=self.kernel_size, activation=cfg["activation"],

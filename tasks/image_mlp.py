@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from tasks import registry
-from tasks.base import Task, TaskFamily, classification_normalizer, softmax_cross_entropy
+from tasks.base import Task, TaskFamily, check_range, classification_normalizer, log_uniform, softmax_cross_entropy
 from tasks.datasets.data_source import as_float_images
 
 ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh, "gelu": jax.nn.gelu, "swish": jax.nn.swish}
@@ -41,10 +41,14 @@ def check_family_args(activations: Sequence[str], init_scale_range: tuple[float,
     for a in activations:
         if a not in ACTIVATIONS:
             raise ValueError(f"unknown activation {a!r}; choose from {sorted(ACTIVATIONS)}")
-    lo, hi = init_scale_range
-    if not 0 < lo <= hi:
-        raise ValueError(f"init_scale_range must satisfy 0 < lo <= hi, got {init_scale_range}")
-    return float(lo), float(hi)
+    return check_range(init_scale_range, "init_scale_range")
+
+
+def sample_scale_and_activation(key: jax.Array, init_scale_range: tuple[float, float], num_activations: int) -> dict:
+    """{"init_scale": log-uniform [], "activation": uniform int32 index []} for a family's sample."""
+    k1, k2 = jax.random.split(key)
+    return {"init_scale": log_uniform(k1, *init_scale_range),
+            "activation": jax.random.randint(k2, (), 0, num_activations)}
 
 
 def classification_data(dataset: Union[str, Any], batch_size: int, task: str):
@@ -141,11 +145,7 @@ class ImageMLPFamily(TaskFamily):
         self.name = f"image_mlp_family_{self.dataset}_{'x'.join(map(str, self.hidden_sizes))}{suffix}"
 
     def sample(self, key: jax.Array) -> dict:
-        k1, k2 = jax.random.split(key)
-        lo, hi = self.init_scale_range
-        scale = jnp.exp(jax.random.uniform(k1, (), jnp.float32, jnp.log(lo), jnp.log(hi)))
-        act = jax.random.randint(k2, (), 0, len(self.activations))
-        return {"init_scale": scale, "activation": act}
+        return sample_scale_and_activation(key, self.init_scale_range, len(self.activations))
 
     def task_fn(self, cfg: dict) -> ImageMLPTask:
         return ImageMLPTask(self.data, self.hidden_sizes, activation=cfg["activation"],

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from tasks import registry
-from tasks.base import Task, TaskFamily, classification_normalizer, softmax_cross_entropy
+from tasks.base import Task, TaskFamily, check_range, classification_normalizer, log_uniform, softmax_cross_entropy
 from tasks.datasets.text import VOCAB_SIZE
 from tasks.image_mlp import scaled_init
 
@@ -106,10 +106,7 @@ class ByteLMFamily(TaskFamily):
 
     def __init__(self, dataset: Union[str, Any], model: str = "transformer", *, batch_size: int = 16,
                  init_scale_range: tuple[float, float] = (0.5, 2.0), **model_kwargs):
-        lo, hi = init_scale_range
-        if not 0 < lo <= hi:
-            raise ValueError(f"init_scale_range must satisfy 0 < lo <= hi, got {init_scale_range}")
-        self.init_scale_range = (float(lo), float(hi))
+        self.init_scale_range = check_range(init_scale_range, "init_scale_range")
         self.model = model
         self.model_kwargs = dict(model_kwargs)
         self.data, _ = _text_data(dataset, batch_size)
@@ -117,7 +114,7 @@ class ByteLMFamily(TaskFamily):
 
     def sample(self, key: jax.Array) -> dict:
         lo, hi = self.init_scale_range
-        return {"init_scale": jnp.exp(jax.random.uniform(key, (), jnp.float32, jnp.log(lo), jnp.log(hi)))}
+        return {"init_scale": log_uniform(key, lo, hi)}
 
     def task_fn(self, cfg: dict) -> ByteLMTask:
         return ByteLMTask(self.data, self.model, init_scale=cfg["init_scale"], name=self.name, **self.model_kwargs)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.base import Task, TaskFamily, scaled_normalizer
+from tasks.base import Task, TaskFamily, check_range, log_uniform, scaled_normalizer
 from tasks.datasets.data_source import DataSource, from_arrays
 
 
@@ -64,10 +64,7 @@ class LinearRegressionFamily(TaskFamily):
 
     def __init__(self, dim: int = 10, *, batch_size: int = 64, num_examples: int = 2048, condition: float = 10.0,
                  noise_range: tuple[float, float] = (0.01, 0.5), init_scale: float = 1.0, seed: int = 0):
-        lo, hi = noise_range
-        if not 0 < lo <= hi:
-            raise ValueError(f"noise_range must satisfy 0 < lo <= hi, got {noise_range}")
-        self.dim, self.noise_range, self.init_scale = int(dim), (float(lo), float(hi)), float(init_scale)
+        self.dim, self.noise_range, self.init_scale = int(dim), check_range(noise_range, "noise_range"), float(init_scale)
         self.data = regression_features(dim, num_examples, batch_size, condition=condition, seed=seed)
         self.name = f"linear_regression_family_dim{dim}"
 
@@ -75,7 +72,7 @@ class LinearRegressionFamily(TaskFamily):
         k1, k2 = jax.random.split(key)
         lo, hi = self.noise_range
         return {"w_star": jax.random.normal(k1, (self.dim,), jnp.float32) / jnp.sqrt(self.dim),
-                "noise_std": jnp.exp(jax.random.uniform(k2, (), jnp.float32, jnp.log(lo), jnp.log(hi)))}
+                "noise_std": log_uniform(k2, lo, hi)}
 
     def task_fn(self, cfg: dict) -> LinearRegressionTask:
         return LinearRegressionTask(self.data, cfg["w_star"], cfg["noise_std"], init_scale=self.init_scale,

@@ -72,6 +72,7 @@ def from_arrays(
     seed: int = 0,
     name: str = "data",
     presplit: Optional[Mapping[str, Mapping[str, np.ndarray]]] = None,
+    label_key: str = "label",
 ) -> DataSource:
     """Builds a DataSource by a seeded, disjoint shuffle-split of `arrays` (all of length N).
 
@@ -101,8 +102,8 @@ def from_arrays(
         start += c
         splits[s] = {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
     num_classes = None
-    if "label" in arrays and np.issubdtype(arrays["label"].dtype, np.integer):
-        all_labels = [arrays["label"]] + [np.asarray(p["label"]) for p in presplit.values() if "label" in p]
+    if label_key in arrays and np.issubdtype(arrays[label_key].dtype, np.integer):  # integer labels: classes
+        all_labels = [arrays[label_key]] + [np.asarray(p[label_key]) for p in presplit.values() if label_key in p]
         num_classes = int(max(int(l.max()) for l in all_labels if l.size)) + 1
     return DataSource(splits=splits, batch_size=int(batch_size), name=name, num_classes=num_classes)
 

@@ -35,9 +35,5 @@ def load_npz(path: str | os.PathLike, batch_size: int = 128, *, keys: tuple[str,
         raise ValueError(f"{path}: x has {arrays['x'].shape[0]} examples but y has {arrays['y'].shape[0]}")
     if name is None:
         name = os.path.splitext(os.path.basename(str(path)))[0]
-    data = from_arrays({xk: arrays["x"], yk: arrays["y"]}, batch_size, fractions=fractions, seed=seed, name=name,
-                       presplit=presplit)
-    if yk != "label" and np.issubdtype(arrays["y"].dtype, np.integer):  # from_arrays only looks at "label"
-        ys = [arrays["y"]] + ([arrays["y_test"]] if presplit else [])
-        data = data.replace(num_classes=int(max(int(y.max()) for y in ys if y.size)) + 1)
-    return data
+    return from_arrays({xk: arrays["x"], yk: arrays["y"]}, batch_size, fractions=fractions, seed=seed, name=name,
+                       presplit=presplit, label_key=yk)
