@@ -50,6 +50,24 @@ class MLPLOptState(NamedTuple):
 
 
 
+def momentum_index(decays) -> int:
+    """Index of the momentum decay closest to 0.9 (the one the rsqrt(v)-scaled feature uses)."""
+    return min(range(len(decays)), key=lambda i: abs(decays[i] - 0.9))
+
+
+def accumulate(g: jax.Array, m: jax.Array, v: jax.Array, decays: jax.Array, rms_decay: float):
+    """m_k ← β_k m_k + (1 − β_k) g (m [K, *g.shape]), v ← β_v v + (1 − β_v) g²; g float32."""
+    b = decays.reshape((-1,) + (1,) * g.ndim)
+    return b * m + (1.0 - b) * g, rms_decay * v + (1.0 - rms_decay) * jnp.square(g)
+
+
+def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int) -> list:
+    """The F = K + 5 un-normalised features of one tensor, each shaped like g:
+    g, p, m_1..m_K, √v, g/√(v+ε), m_0.9/√(v+ε)."""
+    rsqrt_v = jax.lax.rsqrt(v + 1e-8)
+    return [g, p, *m, jnp.sqrt(v), g * rsqrt_v, m[mom_idx] * rsqrt_v]
+
+
 def to_blocks(x: jax.Array, chunk: int) -> jax.Array:
     """[n] -> [ceil(n / c), c] with c = min(chunk, n), zero-padded at the end."""
     n = x.shape[0]
@@ -82,7 +100,7 @@ class MLPLOpt(LearnedOptimizer):
         self.use_num_steps = bool(use_num_steps)
         self.chunk_size = int(chunk_size)
         self.column_min_size = int(column_min_size)
-        self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
+        self._mom_idx = momentum_index(self.decays)
 
     @property
     def num_features(self) -> int:
@@ -133,10 +151,8 @@ class MLPLOpt(LearnedOptimizer):
                 return jnp.zeros_like(p), m, v
             n, k = jnp.size(p), len(self.decays)
             g32, p32 = g.astype(jnp.float32).reshape(-1), p.astype(jnp.float32).reshape(-1)
-            m = decays[:, None] * m.reshape(k, n) + (1.0 - decays)[:, None] * g32[None]
-            v = self.rms_decay * v.reshape(-1) + (1.0 - self.rms_decay) * jnp.square(g32)
-            rsqrt_v = jax.lax.rsqrt(v + 1e-8)
-            feats = [g32, p32, *m, jnp.sqrt(v), g32 * rsqrt_v, m[mom_idx] * rsqrt_v]  # F arrays of [n]
+            m, v = accumulate(g32, m.reshape(k, n), v.reshape(-1), decays, self.rms_decay)
+            feats = leaf_features(g32, p32, m, v, mom_idx)  # F arrays of [n]
             assert len(feats) == nfeat
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
             rms_inv = jax.lax.rsqrt(jnp.stack([jnp.mean(jnp.square(f)) for f in feats]) + 1e-8)

@@ -27,6 +27,7 @@ import optax
 
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
+from lopt.mlp_lopt import accumulate, leaf_features, momentum_index
 from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
 
 EPS = 1e-8
@@ -54,7 +55,7 @@ class RNNMLPLOpt(LearnedOptimizer):
         self.rms_decay = float(rms_decay)
         self.step_mult, self.exp_mult = float(step_mult), float(exp_mult)
         self.timescales = tuple(float(t) for t in timescales)
-        self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
+        self._mom_idx = momentum_index(self.decays)
 
     @property
     def num_features(self) -> int:
@@ -80,10 +81,6 @@ class RNNMLPLOpt(LearnedOptimizer):
             theta[f"hidden_{i}"] = dense_init(keys[2 + i], h, h)
         theta["output"] = dense_init(keys[-1], h, 2)
         return theta
-
-    def _features(self, g, p, m, v):
-        rsqrt_v = jax.lax.rsqrt(v + EPS)
-        return [g, p] + [m[k] for k in range(m.shape[0])] + [jnp.sqrt(v), g * rsqrt_v, m[self._mom_idx] * rsqrt_v]
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
@@ -117,9 +114,8 @@ class RNNMLPLOpt(LearnedOptimizer):
                     stats.append(jnp.zeros((nfeat,), jnp.float32))
                     continue
                 g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
-                m = decays.reshape((-1,) + (1,) * g32.ndim) * m + (1.0 - decays).reshape((-1,) + (1,) * g32.ndim) * g32
-                v = self.rms_decay * v + (1.0 - self.rms_decay) * jnp.square(g32)
-                x = self._features(g32, p32, m, v)
+                m, v = accumulate(g32, m, v, decays, self.rms_decay)
+                x = leaf_features(g32, p32, m, v, self._mom_idx)
                 accs.append((m, v))
                 feats.append(x)
                 stats.append(jnp.stack([jnp.mean(jnp.square(f)) for f in x]))
