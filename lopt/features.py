@@ -6,6 +6,8 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
 - `step_embedding(t)`      tanh(t/τ − 1) for τ in timescales                      [T]
 - `progress_features(t, N)` (min(t/N, 1), log1p(N)/10, 1) or zeros if N is None     [3]
 - `loss_features(ℓ, s)`    (has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + 1e-6)))                  [2]
+- `block_starts`, `blockwise_map`: full, possibly overlapping blocks of a long axis, for
+  per-block work that keeps its temporaries in cache
 
 The per-tensor RMS normalisation x_f / rms_f that the architectures apply to their features
 is linear per feature, so they fold 1/rms_f into the rows of the first layer's weights:
@@ -87,3 +89,21 @@ def context_features(iteration: jax.Array, timescales: Sequence[float], num_step
 def size_feature(p: Any) -> jax.Array:
     """log(1 + numel)/10: lets a per-tensor network tell a bias from a big matrix."""
     return jnp.asarray(math.log1p(math.prod(jnp.shape(p))) / 10.0, jnp.float32)
+
+
+def block_starts(n: int, c: int) -> jax.Array:
+    """Start offsets of the ceil(n / c) blocks of c ≤ n elements covering [0, n); the last one
+    is moved back to n − c (overlapping its predecessor) so that every block is full."""
+    return jnp.minimum(jnp.arange(-(-n // c), dtype=jnp.int32) * c, n - c)
+
+
+def blockwise_map(fn, n: int, c: int, out_rows: int) -> jax.Array:
+    """[out_rows, n] assembled from fn(start) -> [out_rows, c] over the blocks (in place)."""
+    starts = block_starts(n, c)
+    if starts.shape[0] == 1:
+        return fn(starts[0])
+
+    def body(i, out):
+        return jax.lax.dynamic_update_slice_in_dim(out, fn(starts[i]), starts[i], axis=1)
+
+    return jax.lax.fori_loop(0, starts.shape[0], body, jnp.zeros((out_rows, n), jnp.float32))

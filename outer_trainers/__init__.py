@@ -1,7 +1,7 @@
 """Meta-training: truncation schedules, unrolled systems, gradient estimators, learner, outer loop."""
 from outer_trainers.estimator_schedule import EstimatorSchedule
 from outer_trainers.evaluation import compare_optimizers, format_comparison, make_task_trainer
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.gradient_estimator import Estimate, GradientEstimator, default_compiler_options
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
 from outer_trainers.outer_train import OuterTrainState, init_outer_state, outer_step, outer_train
@@ -24,7 +24,7 @@ __all__ = [
     "EstimatorSchedule",
     "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
     "NeverEndingTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
-    "GradientEstimator", "Estimate", "TruncatedES", "TruncatedPES", "GradientLearner", "LearnerState",
+    "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES", "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state",
     "compare_optimizers", "format_comparison", "make_task_trainer",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",

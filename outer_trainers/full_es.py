@@ -68,7 +68,8 @@ def episode_meta_loss(loss_type: str, loss_sum, count, last):
 class FullES(GradientEstimator):
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, unroll_length: Optional[int] = None,
                  std: float = 0.01, *, loss_type: str = "avg", clip_loss_diff: Optional[float] = None,
-                 sign_delta_loss_scalar: Optional[float] = None, chunk_length: int = 32):
+                 sign_delta_loss_scalar: Optional[float] = None, chunk_length: int = 32,
+                 compiler_options: Optional[dict] = None):
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         if not std > 0:
@@ -83,7 +84,7 @@ class FullES(GradientEstimator):
         self.clip_loss_diff = clip_loss_diff
         self.sign_delta_loss_scalar = sign_delta_loss_scalar
         self.name = f"FullES(n={num_tasks},T={self.unroll_length},{loss_type})"
-        super().__init__(truncated_step)
+        super().__init__(truncated_step, compiler_options)
 
     @property
     def inner_steps_per_estimate(self) -> int:

@@ -40,7 +40,8 @@ class FullGradState:
 
 class FullGrad(GradientEstimator):
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, unroll_length: Optional[int] = None,
-                 std: float = 0.0, *, loss_type: str = "avg", chunk_length: Optional[int] = None):
+                 std: float = 0.0, *, loss_type: str = "avg", chunk_length: Optional[int] = None,
+                 compiler_options: Optional[dict] = None):
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         if loss_type not in LOSS_TYPES:
@@ -50,7 +51,7 @@ class FullGrad(GradientEstimator):
         c = math.isqrt(self.unroll_length - 1) + 1 if chunk_length is None else int(chunk_length)
         self.chunk_length = max(1, min(c, self.unroll_length))
         self.name = f"FullGrad(n={num_tasks},T={self.unroll_length},{loss_type})"
-        super().__init__(truncated_step)
+        super().__init__(truncated_step, compiler_options)
 
     @property
     def inner_steps_per_estimate(self) -> int:

@@ -73,9 +73,16 @@ class LOptTruncatedStep(TruncatedStep):
         offset = jnp.minimum(jnp.asarray(initial_offset, jnp.int32), trunc_state.length - 1)
         return LOptInnerState(cfg, params, model_state, opt_state, offset, trunc_state)
 
+    @staticmethod
+    def _step_keys(key):
+        """(data, loss, reset) keys of one step. Each user calls this itself: a consumer that
+        doesn't need its key (no data, deterministic loss, no reset this step) lets XLA drop the
+        draw, and on CPU each threefry draw is a small loop that costs more than a 10-dim step."""
+        return jax.random.split(key, 3)
+
     def _advance(self, theta, state: LOptInnerState, key, outer_state, data):
-        """One inner step without the reset: (advanced state, StepOut, reset key)."""
-        k_data, k_loss, k_reset = jax.random.split(key, 3)
+        """One inner step without the reset: (advanced state, StepOut)."""
+        k_data, k_loss, _ = self._step_keys(key)
         k_meta = jax.random.fold_in(k_loss, 1) if self.meta_loss_split is not None else None
         data = self.task_family.data if data is None else data
         task = self.task_family.task_fn(state.task_cfg)
@@ -102,24 +109,24 @@ class LOptTruncatedStep(TruncatedStep):
         advanced = LOptInnerState(state.task_cfg, params, model_state, opt_state, inner_step, trunc_state)
         out = StepOut(loss=jnp.where(finite, meta_loss, 0.0), is_done=is_done, mask=finite,
                       metrics={"nonfinite": (~finite).astype(jnp.int32), "inner_loss": jnp.where(finite, loss, 0.0)})
-        return advanced, out, k_reset
+        return advanced, out
 
     def step(self, theta, state: LOptInnerState, key, *, outer_state=None, data=None):
-        advanced, out, k_reset = self._advance(theta, state, key, outer_state, data)
-        fresh = self.init(theta, k_reset, outer_state=outer_state, data=data)
+        advanced, out = self._advance(theta, state, key, outer_state, data)
+        fresh = self.init(theta, self._step_keys(key)[2], outer_state=outer_state, data=data)
         return tree_where(out.is_done, fresh, advanced), out
 
     def batched_step(self, thetas, states, keys, *, theta_batched=True, outer_state=None, data=None):
         """vmap(step), but the fresh-task init runs (under lax.cond) only on steps where some
         particle's episode ended — most steps skip it entirely."""
         th_axis = 0 if theta_batched else None
-        advanced, out, reset_keys = jax.vmap(
+        advanced, out = jax.vmap(
             lambda th, s, k: self._advance(th, s, k, outer_state, data), in_axes=(th_axis, 0, 0))(
                 thetas, states, keys)
 
         def reset(adv):
-            fresh = jax.vmap(lambda th, k: self.init(th, k, outer_state=outer_state, data=data),
-                             in_axes=(th_axis, 0))(thetas, reset_keys)
+            fresh = jax.vmap(lambda th, k: self.init(th, self._step_keys(k)[2], outer_state=outer_state, data=data),
+                             in_axes=(th_axis, 0))(thetas, keys)
             return tree_where(out.is_done, fresh, adv)
 
         return jax.lax.cond(jnp.any(out.is_done), reset, lambda adv: adv, advanced), out

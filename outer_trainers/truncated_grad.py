@@ -12,6 +12,8 @@ the mean and counted in `metrics["nonfinite_grads"]` instead of poisoning the es
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -50,9 +52,11 @@ class TruncatedGrad(TruncatedEstimator):
     antithetic = False
 
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.0,
-                 random_initial_iteration_offset: int = 0, remat: bool = False):
+                 random_initial_iteration_offset: int = 0, remat: bool = False, *,
+                 compiler_options: Optional[dict] = None):
         self.remat = bool(remat)
-        super().__init__(truncated_step, num_tasks, trunc_length, std, random_initial_iteration_offset)
+        super().__init__(truncated_step, num_tasks, trunc_length, std, random_initial_iteration_offset,
+                         compiler_options=compiler_options)
 
     def _init_state(self, theta, key, outer_state, data):
         return TruncatedGradState(self._init_particles(theta, key, outer_state, data))

@@ -35,7 +35,8 @@ AXIS = "tasks"
 class TruncatedPESPMAP(TruncatedEstimator):
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
                  random_initial_iteration_offset: int = 0, *, num_devices: Optional[int] = None,
-                 devices: Optional[Sequence[jax.Device]] = None, share_data: bool = False):
+                 devices: Optional[Sequence[jax.Device]] = None, share_data: bool = False,
+                 compiler_options: Optional[dict] = None):
         devices = list(jax.local_devices() if devices is None else devices)
         if num_devices is not None:
             if not 1 <= num_devices <= len(devices):
@@ -49,7 +50,8 @@ class TruncatedPESPMAP(TruncatedEstimator):
         self.share_data = bool(share_data)
         self.mesh = Mesh(np.asarray(devices), (AXIS,))
         self.num_devices = len(devices)
-        super().__init__(truncated_step, num_tasks, trunc_length, std, random_initial_iteration_offset)
+        super().__init__(truncated_step, num_tasks, trunc_length, std, random_initial_iteration_offset,
+                         compiler_options=compiler_options)
         self.name = f"TruncatedPESPMAP(n={num_tasks},K={trunc_length},devices={self.num_devices})"
 
     def _shard(self, tree, spec):

@@ -105,18 +105,22 @@ def floor_fn(family, learned_opt, theta, num_particles: int, num_steps: int):
         _, losses = jax.lax.scan(body, (params, ms, opt_state), jax.random.split(key, num_steps))
         return losses.mean()
 
-    run = jax.jit(jax.vmap(one, in_axes=(0, None)))
+    # compiled with the estimators' options, so × floor measures estimator overhead alone
+    run = jax.jit(jax.vmap(one, in_axes=(0, None)), compiler_options=ot.default_compiler_options() or None)
     keys = jax.random.split(jax.random.key(0), num_particles)
     return lambda: run(keys, data)
 
 
-def make_call(est, theta):
-    """A no-arg fn running one `estimate` (state carried between calls, fresh key each call)."""
-    holder = {"state": est.init_state(theta, jax.random.key(1)), "i": 0}
+def make_call(est, theta, num_calls: int):
+    """A no-arg fn running one `estimate` (state carried between calls, a fresh key each call).
+    The `num_calls` keys are made up front, as an outer loop would, so the timed call is the
+    estimate alone (making a key from a Python int is itself a ~25 µs dispatch)."""
+    keys = list(jax.random.split(jax.random.key(1), num_calls))
+    holder = {"state": est.init_state(theta, jax.random.key(0)), "i": 0}
 
     def call():
         holder["i"] += 1
-        holder["state"], e = est.estimate(theta, holder["state"], jax.random.key(holder["i"]))
+        holder["state"], e = est.estimate(theta, holder["state"], keys[holder["i"] % num_calls])
         return e.grad
 
     return call
@@ -141,7 +145,7 @@ def bench(problem_keys, estimator_names, repeats):
                 continue
             est = factories[name](step)
             ests[name] = est
-            fns[name] = make_call(est, theta)
+            fns[name] = make_call(est, theta, repeats + 1)
         timed = time_calls(fns, repeats)
         f_med = timed["floor (jitted scan)"][1]
         for name, (first, med) in timed.items():

@@ -6,7 +6,10 @@
 For each model size and optimizer: `jax.jit(tx.update)` is compiled, warmed up, then timed
 `--repeats` times (≥ 20), the optimizers interleaved round-robin so a noisy neighbour slows
 them all alike; the median is reported with its ratio to Adam's median and the bytes of
-optimizer state per parameter. The machine's f32 matmul throughput (median of a big square
+optimizer state per parameter. Each sample is one call (`--burst 1`, the default): it starts
+with cold caches, as an update after a forward/backward pass does. `--burst K` times the mean
+of K back-to-back calls instead, which keeps a 1M-parameter model's inputs in cache and so
+flatters memory-bound Adam most (on this machine Adam 1M: 1.5 -> 0.8 ms). The machine's f32 matmul throughput (median of a big square
 matmul) gives MLPLOpt's FLOP floor: 2 · (its per-parameter MLP multiply-adds) · N / throughput.
 The result replaces the "## Optimizer step" section of docs/benchmarks.md (other sections kept).
 """
@@ -65,7 +68,7 @@ def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
     return 2 * n ** 3 / statistics.median(_time(f, (a, a)) for _ in range(repeats))
 
 
-def bench_size(widths, repeats):
+def bench_size(widths, repeats, burst=1):
     params = model_params(widths, jax.random.key(0))
     grads = jax.tree_util.tree_map(lambda p: 0.01 * jnp.cos(p), params)
     n = sum(x.size for x in jax.tree_util.tree_leaves(params))
@@ -78,14 +81,20 @@ def bench_size(widths, repeats):
         runs[name] = (f, (grads, state, params), state_bytes / n, [])
     for _ in range(repeats):
         for f, args, _, times in runs.values():
-            times.append(_time(f, args))
+            start = time.perf_counter()
+            for _ in range(burst):
+                out = f(*args)
+            jax.block_until_ready(out)
+            times.append((time.perf_counter() - start) / burst)
     return n, {name: (statistics.median(r[3]), r[2]) for name, r in runs.items()}
 
 
-def render(results, flops, repeats, note) -> str:
+def render(results, flops, repeats, note, burst=1) -> str:
     floor_macs = mlp_lopt_macs(lopt.MLPLOpt())
     lines = [SECTION, "",
-             f"One jitted `tx.update` (median of {repeats}, optimizers interleaved), float32 MLP models. "
+             f"One jitted `tx.update` (median of {repeats} samples, each "
+             f"{'one call' if burst == 1 else f'the mean of {burst} back-to-back calls'}; optimizers "
+             f"interleaved), float32 MLP models. "
              f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}), jax {jax.__version__}; "
              f"measured f32 matmul throughput {flops / 1e9:.0f} GFLOP/s. {note}".rstrip(), "",
              "| model | optimizer | ms / update | × Adam | state bytes / param |",
@@ -130,13 +139,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1M,10M", help=f"comma-separated, from {sorted(MODELS)}")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--burst", type=int, default=1, help="back-to-back calls per timed sample")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--note", default="", help="conditions to record (e.g. 'CPU shared with other jobs')")
     args = ap.parse_args(argv)
     flops = matmul_flops_per_s()
-    results = {s: bench_size(MODELS[s], args.repeats) for s in args.sizes.split(",")}
-    section = render(results, flops, args.repeats, args.note)
+    results = {s: bench_size(MODELS[s], args.repeats, args.burst) for s in args.sizes.split(",")}
+    section = render(results, flops, args.repeats, args.note, args.burst)
     print(section)
     if not args.no_write:
         update_markdown(args.out, section)
