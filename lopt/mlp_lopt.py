@@ -120,7 +120,7 @@ class MLPLOpt(LearnedOptimizer):
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
         del is_training
         decays = jnp.asarray(self.decays, jnp.float32)
-        mom_idx, nfeat = self._mom_idx, self.num_features
+        mom_idx = self._mom_idx
 
         def init_fn(params):
             zeros = lambda p, *extra: jnp.zeros(jnp.shape(p) + extra, jnp.float32)
