@@ -153,9 +153,8 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: int 
         x = x.reshape(x.shape[0], -1)
         return total + jnp.einsum("fk,fk->f", x, x)  # a batched dot: no [F, rows, cols] of squares
 
-    total = jax.lax.fori_loop(0, starts.shape[0], body, jnp.zeros((len(leaf_features(g[:1], p[:1], LeafAccum(
-        acc.m[:, :1], acc.v[:1], acc.row[:, :1], acc.col), row_mean)),), jnp.float32))
-    return total / g.size
+    n_feat = num_leaf_features(acc.m.shape[0], acc.row.shape[0])
+    return jax.lax.fori_loop(0, starts.shape[0], body, jnp.zeros((n_feat,), jnp.float32)) / g.size
 
 
 def _matrix_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum) -> jax.Array:
