@@ -12,6 +12,10 @@ batch 128 — and each estimator (num_tasks=8, trunc_length=50, MLPLOpt), report
 
     python scripts/benchmark_estimators.py [--problems a,b,c] [--estimators TruncatedPES,...]
                                            [--repeats 10] [--markdown docs/benchmarks.md]
+
+`--breakdown` instead times the parts of one TruncatedPES estimate, each jitted alone with the
+estimators' options and interleaved with the floor: the unroll of the particles' TruncatedStep
+(θ shared, then θ per particle), the perturbation draw (ε and the 2N perturbed θ), and all of it.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import optax
 import lopt
 from benchmark_optimizers import update_markdown
 import outer_trainers as ot
+from outer_trainers import unroll as U
 import tasks
 
 NUM_TASKS, TRUNC = 8, 50
@@ -157,6 +162,53 @@ def bench(problem_keys, estimator_names, repeats):
     return rows
 
 
+def breakdown_fns(step, theta, num_calls: int) -> dict:
+    """{part: no-arg fn} for the parts of a TruncatedPES(step, NUM_TASKS, TRUNC) estimate.
+
+    Each part starts from the same PES state (the unroll-only parts do not carry it on) and is
+    compiled with `ot.default_compiler_options()`, like the estimator it is part of."""
+    n, K, std = NUM_TASKS, TRUNC, 0.01
+    est = ot.TruncatedPES(step, n, K, std=std)
+    state = est.init_state(theta, jax.random.key(0))
+    jit = lambda f: jax.jit(f, compiler_options=ot.default_compiler_options() or None)
+    per_particle = lambda th: jax.tree_util.tree_map(lambda t: jax.numpy.broadcast_to(t, (2 * n,) + t.shape), th)
+    parts = {
+        "unroll only, θ shared": jit(lambda th, s, k: U.unroll(step, th, s.inner_state, k, K, theta_batched=False,
+                                                                key_groups=2, data=step.data_args())),
+        "unroll only, θ per particle": jit(lambda th, s, k: U.unroll(step, per_particle(th), s.inner_state, k, K,
+                                                                      key_groups=2, data=step.data_args())),
+        "perturbation draw (ε, θ ± ε)": jit(lambda th, s, k: U.tree_stack_pm(
+            th, U.sample_perturbations(th, jax.random.split(k)[0], n, std))),
+    }
+    keys = list(jax.random.split(jax.random.key(1), num_calls))
+    fns = {name: (lambda f: lambda: f(theta, state, keys[0]))(f) for name, f in parts.items()}
+    fns["TruncatedPES (all of it)"] = make_call(est, theta, num_calls)
+    return fns
+
+
+def bench_breakdown(problem_keys, repeats):
+    rows = []
+    lo = lopt.MLPLOpt()
+    theta = lo.init(jax.random.key(0))
+    for pk in problem_keys:
+        label, family = problems()[pk]
+        step = ot.LOptTruncatedStep(family, lo, ot.LogUniformTruncationSchedule(100, 1000))
+        fns = {"floor (jitted scan)": floor_fn(family, lo, theta, 2 * NUM_TASKS, TRUNC),
+               **breakdown_fns(step, theta, repeats + 1)}
+        timed = time_calls(fns, repeats)
+        f_med = timed["floor (jitted scan)"][1]
+        for name, (first, med) in timed.items():
+            rows.append(dict(problem=label, part=name, sec=med, ratio=med / f_med))
+            print(f"{label:28s} {name:32s} {med * 1e3:8.3f} ms  {med / f_med:5.2f}x floor", flush=True)
+    return rows
+
+
+def breakdown_markdown(rows) -> str:
+    head = "| problem | part | ms | × floor |\n|---|---|---|---|"
+    body = [f"| {r['problem']} | {r['part']} | {r['sec'] * 1e3:.3f} | {r['ratio']:.2f} |" for r in rows]
+    return "\n".join([head] + body)
+
+
 def to_markdown(rows) -> str:
     head = ("| problem | estimator | compile (s) | ms / estimate | inner steps/s | × floor |\n"
             "|---|---|---|---|---|---|")
@@ -174,18 +226,29 @@ def main():
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--markdown", default=None, help="write the table into this Markdown file's section")
     p.add_argument("--note", default="", help="conditions of the run, written under the table")
+    p.add_argument("--breakdown", action="store_true", help="time the parts of a TruncatedPES estimate instead")
     args = p.parse_args()
+    if args.breakdown:
+        table = breakdown_markdown(bench_breakdown(args.problems.split(","), args.repeats))
+        print(table)
+        if args.markdown:
+            title = args.title or "Where a PES estimate's time goes"
+            update_markdown(args.markdown, f"## {title}\n\n{_env(args.repeats)} {args.note}\n\n{table}\n")
+        return
     names = list(estimator_factories()) if args.estimators == "all" else args.estimators.split(",")
     rows = bench(args.problems.split(","), names, args.repeats)
     table = to_markdown(rows)
     print(table)
     if args.markdown:
-        dev = jax.devices()[0]
-        env = (f"jax {jax.__version__}, {dev.platform} ({dev.device_kind}), {os.cpu_count()} cores, "
-               f"{platform.processor() or platform.machine()}; MLPLOpt, {NUM_TASKS} tasks, trunc_length {TRUNC}, "
-               f"LogUniform(100, 1000) episodes; median of {args.repeats}.")
-        title = args.title or f"Estimators ({dev.platform})"
-        update_markdown(args.markdown, f"## {title}\n\n{env} {jax.local_device_count()} local device(s). {args.note}\n\n{table}\n")
+        title = args.title or f"Estimators ({jax.devices()[0].platform})"
+        update_markdown(args.markdown, f"## {title}\n\n{_env(args.repeats)} {args.note}\n\n{table}\n")
+
+
+def _env(repeats: int) -> str:
+    dev = jax.devices()[0]
+    return (f"jax {jax.__version__}, {dev.platform} ({dev.device_kind}), {os.cpu_count()} cores, "
+            f"{platform.processor() or platform.machine()}; MLPLOpt, {NUM_TASKS} tasks, trunc_length {TRUNC}, "
+            f"LogUniform(100, 1000) episodes; median of {repeats}. {jax.local_device_count()} local device(s).")
 
 
 if __name__ == "__main__":
