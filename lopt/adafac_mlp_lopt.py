@@ -264,8 +264,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args
-            if params is None:
-                raise ValueError("AdafacMLPLOpt needs params: call tx.update(grads, state, params)")
+            ft.require_params(params, "AdafacMLPLOpt")
             dec = jax.tree_util.tree_map(jax.nn.sigmoid, theta["decays"])
             bias = shared_bias(theta["input"], state.iteration, self.timescales, num_steps)
             rest = [(theta[f"hidden_{i}"]["w"], theta[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]

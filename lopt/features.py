@@ -65,6 +65,12 @@ def init_loss_state() -> jax.Array:
 
 
 
+def require_params(params: Any, name: str) -> None:
+    """Learned optimizers read the parameters: a clear error when `tx.update` was given none."""
+    if params is None:
+        raise ValueError(f"{name} needs params: call tx.update(grads, state, params)")
+
+
 def leaves_of(tree: Any, *others: Any) -> tuple[Any, list, list[list]]:
     """(treedef, leaves of `tree`, leaves of each of `others` flattened up to `tree`)."""
     treedef = jax.tree_util.tree_structure(tree)
@@ -89,6 +95,13 @@ def context_features(iteration: jax.Array, timescales: Sequence[float], num_step
 def size_feature(p: Any) -> jax.Array:
     """log(1 + numel)/10: lets a per-tensor network tell a bias from a big matrix."""
     return jnp.asarray(math.log1p(math.prod(jnp.shape(p))) / 10.0, jnp.float32)
+
+
+def tensor_lstm_inputs(stats: jax.Array, params: Sequence[Any], ctx: jax.Array) -> jax.Array:
+    """Per-tensor LSTM inputs z [L, S + 1 + C]: [log_stat(stats) [L, S], size_feature [L, 1],
+    the shared context ctx [C] repeated per tensor], for the L leaves `params`."""
+    sizes = jnp.stack([size_feature(p) for p in params])[:, None]
+    return jnp.concatenate([log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(params), ctx.shape[0]))], axis=1)
 
 
 def block_starts(n: int, c: int) -> jax.Array:

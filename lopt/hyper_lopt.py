@@ -107,8 +107,7 @@ class HyperLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            if params is None:
-                raise ValueError("HyperLOpt needs params: call tx.update(grads, state, params)")
+            ft.require_params(params, "HyperLOpt")
             acc_state = state.accumulators
             treedef, gs, (ps, ms, vs, rows, cols) = ft.leaves_of(
                 updates, params, acc_state.momenta, acc_state.rms, acc_state.fac_row, acc_state.fac_col)
@@ -132,8 +131,7 @@ class HyperLOpt(LearnedOptimizer):
                 stats.append(adafac.feature_mean_squares(g32, p32, acc))
             stats = jnp.stack(stats)                                                     # [L, F]
             ctx = ft.context_features(acc_state.iteration, self.timescales, num_steps, loss_f)
-            sizes = jnp.stack([ft.size_feature(p) for p in ps])[:, None]
-            z = jnp.concatenate([ft.log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(gs), ctx.shape[0]))], axis=1)
+            z = ft.tensor_lstm_inputs(stats, ps, ctx)
             h, c = lstm_step(theta["lstm"], z, state.lstm_h, state.lstm_c)             # [L, H]
             weights = theta["w_base"] + (h @ theta["generator"]) * self.gen_scale        # [L, P]
             lr_mult = jnp.exp(h @ theta["w_lr"])

@@ -178,8 +178,7 @@ class MLPLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args
-            if params is None:
-                raise ValueError("MLPLOpt needs params: call tx.update(grads, state, params)")
+            ft.require_params(params, "MLPLOpt")
             first_bias = shared_bias(theta["input"], state.iteration, self.timescales, num_steps)
             treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
             leaves = [update_leaf(g, p, m, v, first_bias) for g, p, m, v in zip(gs, ps, ms, vs)]

@@ -84,8 +84,7 @@ class NNAdam(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            if params is None:
-                raise ValueError("NNAdam needs params: call tx.update(grads, state, params)")
+            ft.require_params(params, "NNAdam")
             treedef, gs, (ps, mus, nus) = ft.leaves_of(updates, params, state.mu, state.nu)
             loss_f, loss_state = ft.loss_features(loss, state.loss_state)
             if not gs:
@@ -95,8 +94,7 @@ class NNAdam(LearnedOptimizer):
             stats = jnp.stack([jnp.stack([mean_sq(jnp.asarray(g, jnp.float32)), mean_sq(mu), jnp.mean(nu) if jnp.size(nu)
                                           else jnp.zeros((), jnp.float32), mean_sq(jnp.asarray(p, jnp.float32))])
                                for g, p, mu, nu in zip(gs, ps, mus, nus)])                     # [L, 4]
-            sizes = jnp.stack([ft.size_feature(p) for p in ps])[:, None]
-            z = jnp.concatenate([ft.log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(gs), ctx.shape[0]))], axis=1)
+            z = ft.tensor_lstm_inputs(stats, ps, ctx)
             h, c = lstm_step(theta["lstm"], z, state.lstm_h, state.lstm_c)
             hp = base + h @ theta["output"]["w"] + theta["output"]["b"]                        # [L, 4]
             lr, b1, b2, eps = jnp.exp(hp[:, 0]), jax.nn.sigmoid(hp[:, 1]), jax.nn.sigmoid(hp[:, 2]), jnp.exp(hp[:, 3])

@@ -98,8 +98,7 @@ class RNNMLPLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            if params is None:
-                raise ValueError("RNNMLPLOpt needs params: call tx.update(grads, state, params)")
+            ft.require_params(params, "RNNMLPLOpt")
             treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
             loss_f, loss_state = ft.loss_features(loss, state.loss_state)
             ctx = ft.context_features(state.iteration, self.timescales, num_steps, loss_f)
@@ -122,8 +121,7 @@ class RNNMLPLOpt(LearnedOptimizer):
             if not gs:
                 return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)
             stats = jnp.stack(stats)                                                   # [L, F]
-            sizes = jnp.stack([ft.size_feature(p) for p in ps])[:, None]
-            z = jnp.concatenate([ft.log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(gs), ctx.shape[0]))], axis=1)
+            z = ft.tensor_lstm_inputs(stats, ps, ctx)
             h, c = lstm_step(theta["lstm"], z, state.lstm_h, state.lstm_c)            # [L, H]
             cond = h @ theta["w_cond"]                                                 # [L, mlp_hidden]
             lr_mult = jnp.exp(h @ theta["w_lr"])                                       # [L]
