@@ -56,6 +56,33 @@ def sample_cfgs(family: TaskFamily, key: jax.Array, num_tasks: int) -> Any:
     return jax.vmap(family.sample)(jax.random.split(key, num_tasks))
 
 
+Setting = tuple[str, MakeTx, Sequence[tuple[float, Any]]]
+
+
+def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, keys: jax.Array, num_steps: int, *,
+                 eval_split: str = "test") -> list[dict]:
+    """Trains the tasks `cfgs` (run keys `keys`, [T]) with every optimizer setting.
+
+    settings: (name, make_tx, [(learning_rate, tx_args), ...]); each name compiles once, its
+    tx_args traced (learning_rate is only a label: NaN where there is none, as for a theta).
+    Returns [{"optimizer", "learning_rate", "losses" [T, num_steps], "evals" [T]}] (numpy),
+    in the order of `settings`: every setting sees the same task draws and initialisations.
+    """
+    runs = []
+    for name, make_tx, grid in settings:
+        trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split)
+        for lr, args in grid:
+            losses, evals = jax.device_get(trainer(args, cfgs, keys, family.data))
+            runs.append({"optimizer": name, "learning_rate": float(lr), "losses": np.asarray(losses),
+                         "evals": np.asarray(evals)})
+    return runs
+
+
+def lr_grid(lrs: Sequence[float]) -> list[tuple[float, jax.Array]]:
+    """[(lr, lr as a traced float32 argument)] for `run_settings`."""
+    return [(float(lr), jnp.asarray(lr, jnp.float32)) for lr in lrs]
+
+
 def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, num_tasks: int, num_steps: int,
                        key: jax.Array, adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2),
                        eval_split: str = "test") -> dict:
@@ -66,19 +93,13 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
     """
     k_cfg, k_run = jax.random.split(key)
     cfgs = sample_cfgs(family, k_cfg, num_tasks)
-    run_keys = jax.random.split(k_run, num_tasks)
+    runs = run_settings(family, [("learned", learned_tx, [(float("nan"), theta)]), ("adam", optax.adam, lr_grid(adam_lrs))],
+                        cfgs, jax.random.split(k_run, num_tasks), num_steps, eval_split=eval_split)
     results = {}
-
-    def summarize(losses, evals):
-        losses, evals = np.asarray(losses), np.asarray(evals)
-        return {"final_train": float(np.mean(final_loss(losses))), "eval": float(np.mean(evals)),
-                "curve": losses.mean(0).tolist()}
-
-    learned = make_task_trainer(family, learned_tx, num_steps, eval_split=eval_split)
-    results["learned"] = summarize(*learned(theta, cfgs, run_keys, family.data))
-    adam = make_task_trainer(family, lambda lr: optax.adam(lr), num_steps, eval_split=eval_split)
-    for lr in adam_lrs:
-        results[f"adam(lr={lr:g})"] = summarize(*adam(jnp.asarray(lr, jnp.float32), cfgs, run_keys, family.data))
+    for r in runs:
+        name = "learned" if r["optimizer"] == "learned" else f"adam(lr={r['learning_rate']:g})"
+        results[name] = {"final_train": float(np.mean(final_loss(r["losses"]))), "eval": float(np.mean(r["evals"])),
+                         "curve": r["losses"].mean(0).tolist()}
     adam_names = [k for k in results if k.startswith("adam")]
     best = min(adam_names, key=lambda k: results[k]["final_train"] if np.isfinite(results[k]["final_train"]) else np.inf)
     results["best_adam"] = best

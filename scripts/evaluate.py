@@ -36,7 +36,7 @@ import optax
 
 import lopt
 import outer_trainers.gin_registry  # noqa: F401  (registers the public API with gin)
-from outer_trainers.evaluation import final_loss, make_task_trainer
+from outer_trainers.evaluation import final_loss, lr_grid, run_settings
 from tasks.base import Task, TaskFamily, single_task_family
 
 ADAM_LRS = tuple(float(x) for x in np.logspace(-4, -1, 7))
@@ -56,19 +56,12 @@ def run_task(family: TaskFamily, learned_opt: lopt.LearnedOptimizer, theta: Any,
     keys = [jax.random.key(s) for s in seeds]
     cfgs = jax.vmap(family.sample)(jax.numpy.stack([jax.random.fold_in(k, 0) for k in keys]))
     run_keys = jax.numpy.stack([jax.random.fold_in(k, 1) for k in keys])
-    runs = []
-
-    def go(name, make_tx, args, lrs):
-        trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split)
-        for lr, a in zip(lrs, args):
-            losses, evals = jax.device_get(trainer(a, cfgs, run_keys, family.data))
-            runs.append({"optimizer": name, "learning_rate": lr, "losses": np.asarray(losses, np.float64),
-                         "evals": np.asarray(evals, np.float64)})
-
-    go("learned", lambda th: learned_opt.opt_fn(th, num_steps=num_steps), [theta], [float("nan")])
-    as_lr = lambda lrs: [jax.numpy.asarray(lr, jax.numpy.float32) for lr in lrs]
-    go("adam", lambda lr: optax.adam(lr), as_lr(adam_lrs), list(adam_lrs))
-    go("sgdm", lambda lr: optax.sgd(lr, momentum=momentum), as_lr(sgdm_lrs), list(sgdm_lrs))
+    settings = [("learned", lambda th: learned_opt.opt_fn(th, num_steps=num_steps), [(float("nan"), theta)]),
+                ("adam", optax.adam, lr_grid(adam_lrs)),
+                ("sgdm", lambda lr: optax.sgd(lr, momentum=momentum), lr_grid(sgdm_lrs))]
+    runs = run_settings(family, settings, cfgs, run_keys, num_steps, eval_split=eval_split)
+    for r in runs:
+        r["losses"], r["evals"] = r["losses"].astype(np.float64), r["evals"].astype(np.float64)
     return runs
 
 
