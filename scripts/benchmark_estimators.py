@@ -90,7 +90,11 @@ def time_calls(fns: dict, repeats: int) -> dict:
 
 
 def floor_fn(family, learned_opt, theta, num_particles: int, num_steps: int):
-    """Jitted: `num_particles` tasks trained by `learned_opt` for `num_steps` in one lax.scan."""
+    """Jitted: `num_particles` tasks trained by `learned_opt` for `num_steps` in one lax.scan.
+
+    Deliberately the bare loop rather than `train_model.train_step`: one key per step used as is
+    (no per-step split), no finiteness test, no resets, so × floor charges an estimator for all
+    of its own work."""
     data = family.data
 
     def one(key, data):
