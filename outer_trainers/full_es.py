@@ -107,7 +107,7 @@ class FullES(GradientEstimator):
             states, active, loss_sum, count, last, nonfinite = carry
             keys = jax.random.split(jax.random.fold_in(k_unroll, t), n)
             states, out = ts.batched_step(thetas, states, jnp.concatenate([keys, keys], axis=0),
-                                          outer_state=outer_state, data=data)
+                                          outer_state=outer_state, data=data, reset_groups=2)
             act = active & (t < T)
             use = act & out.mask
             loss = jnp.where(use, out.loss, 0.0)

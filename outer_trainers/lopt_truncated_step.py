@@ -22,7 +22,7 @@ import optax
 from flax import struct
 
 from lopt.base import LearnedOptimizer
-from outer_trainers.truncated_step import StepOut, TruncatedStep, tree_where
+from outer_trainers.truncated_step import StepOut, TruncatedStep, group_any, tree_where
 from outer_trainers.unroll import tree_all_finite
 from outer_trainers.truncation_schedule import TruncationSchedule, TruncationState
 from tasks.base import TaskFamily
@@ -116,13 +116,18 @@ class LOptTruncatedStep(TruncatedStep):
         fresh = self.init(theta, self._step_keys(key)[2], outer_state=outer_state, data=data)
         return tree_where(out.is_done, fresh, advanced), out
 
-    def batched_step(self, thetas, states, keys, *, theta_batched=True, outer_state=None, data=None):
+    def batched_step(self, thetas, states, keys, *, theta_batched=True, outer_state=None, data=None,
+                     reset_groups=1):
         """vmap(step), but the fresh-task init runs (under lax.cond) only on steps where some
-        particle's episode ended — most steps skip it entirely."""
+        particle's episode ended — most steps skip it entirely. With reset_groups=g an episode
+        that ends for one member of a group (see TruncatedStep.batched_step) ends for all; they
+        share step keys, so they restart on the same fresh task, as a scheduled end would."""
         th_axis = 0 if theta_batched else None
         advanced, out = jax.vmap(
             lambda th, s, k: self._advance(th, s, k, outer_state, data), in_axes=(th_axis, 0, 0))(
                 thetas, states, keys)
+        if reset_groups > 1:
+            out = out.replace(is_done=group_any(out.is_done, reset_groups))
 
         def reset(adv):
             fresh = jax.vmap(lambda th, k: self.init(th, self._step_keys(k)[2], outer_state=outer_state, data=data),

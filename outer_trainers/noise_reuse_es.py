@@ -58,7 +58,7 @@ class NoiseReuseES(TruncatedEstimator):
             states, eps, w, g = carry  # w [N]: Σ of loss differences paired with the current ε
             keys, t = xs
             states, out = ts.batched_step(U.tree_stack_pm(theta, eps), states, jnp.concatenate([keys, keys], axis=0),
-                                          outer_state=outer_state, data=data)
+                                          outer_state=outer_state, data=data, reset_groups=2)
             valid = out.mask[:n] & out.mask[n:]
             w = w + jnp.where(valid, out.loss[:n] - out.loss[n:], 0.0)
             done = out.is_done[:n] | out.is_done[n:]

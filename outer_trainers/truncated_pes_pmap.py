@@ -78,7 +78,7 @@ class TruncatedPESPMAP(TruncatedEstimator):
             states = jax.tree_util.tree_map(lambda x: x.reshape((2 * m,) + x.shape[2:]), inner)
             states, out = U.unroll_with_keys(ts, U.tree_stack_pm(theta, eps), states,
                                              jnp.concatenate([keys, keys], axis=1), outer_state=outer_state,
-                                             data=data)
+                                             data=data, reset_groups=2)
             grad, acc, stats = pes_update(out, eps, acc, std, n)
             grad, stats = jax.lax.psum((grad, stats), AXIS)
             inner = jax.tree_util.tree_map(lambda x: x.reshape((2, m) + x.shape[1:]), states)

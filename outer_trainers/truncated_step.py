@@ -38,18 +38,48 @@ class TruncatedStep:
         raise NotImplementedError
 
     def batched_step(self, thetas: Any, states: Any, keys: jax.Array, *, theta_batched: bool = True,
-                     outer_state: Optional[Any] = None, data: Optional[Any] = None) -> tuple[Any, StepOut]:
+                     outer_state: Optional[Any] = None, data: Optional[Any] = None,
+                     reset_groups: int = 1) -> tuple[Any, StepOut]:
         """`step` for P particles at once (states and keys [P, ...]; thetas too if `theta_batched`).
 
-        Must equal `jax.vmap(step)`; subclasses override it only to do the same work faster
-        (e.g. run resets only on steps where some particle's episode ended).
+        With reset_groups=1 it must equal `jax.vmap(step)`; subclasses override it only to do the
+        same work faster (e.g. run resets only on steps where some particle's episode ended).
+
+        reset_groups=g: particles i, i + P/g, i + 2P/g, ... (the ± halves of an antithetic pair,
+        which share their step keys) end their episodes together. If the step ends the episode
+        of some but not all of a group (a non-finite loss on one side), every member restarts
+        from `init(θ, its step key)` — the same fresh task for all, since their keys are equal —
+        so the pair never goes on comparing losses of different tasks. Groups that all end at
+        once keep their own resets.
         """
         step = lambda th, s, k: self.step(th, s, k, outer_state=outer_state, data=data)
-        return jax.vmap(step, in_axes=(0 if theta_batched else None, 0, 0))(thetas, states, keys)
+        th_axis = 0 if theta_batched else None
+        states, out = jax.vmap(step, in_axes=(th_axis, 0, 0))(thetas, states, keys)
+        if reset_groups == 1:
+            return states, out
+        done = group_any(out.is_done, reset_groups)
+        split = done & ~group_all(out.is_done, reset_groups)
+
+        def restart(s):
+            fresh = jax.vmap(lambda th, k: self.init(th, k, outer_state=outer_state, data=data),
+                             in_axes=(th_axis, 0))(thetas, keys)
+            return tree_where(split, fresh, s)
+
+        return jax.lax.cond(jnp.any(split), restart, lambda s: s, states), out.replace(is_done=done)
 
     def data_args(self) -> Any:
         """Arrays to pass into jit as `data=` (None if the step reads no data)."""
         return None
+
+
+def group_any(x: jax.Array, groups: int) -> jax.Array:
+    """x [P] bool -> [P]: entry i is any(x[j]) over j ≡ i (mod P/groups)."""
+    return jnp.tile(jnp.any(x.reshape(groups, -1), axis=0), groups)
+
+
+def group_all(x: jax.Array, groups: int) -> jax.Array:
+    """x [P] bool -> [P]: entry i is all(x[j]) over j ≡ i (mod P/groups)."""
+    return jnp.tile(jnp.all(x.reshape(groups, -1), axis=0), groups)
 
 
 def tree_where(pred: jax.Array, on_true: Any, on_false: Any) -> Any:

@@ -61,7 +61,8 @@ def unroll(ts: TruncatedStep, thetas: Any, states: Any, key: jax.Array, num_step
     """Runs `num_steps` steps of all P particles (vmap over particles, scan over steps).
 
     thetas: [P, ...] if `theta_batched` else one theta shared by all particles.
-    key_groups: particles i, i + P/g, i + 2P/g, ... share step keys (2 for ± pairs).
+    key_groups: particles i, i + P/g, i + 2P/g, ... share step keys (2 for ± pairs) and end
+    their episodes together (`TruncatedStep.batched_step`'s reset_groups).
     Returns the final states and StepOut with leaves [num_steps, P].
     """
     num = jax.tree_util.tree_leaves(states)[0].shape[0]
@@ -71,7 +72,7 @@ def unroll(ts: TruncatedStep, thetas: Any, states: Any, key: jax.Array, num_step
     if key_groups > 1:
         keys = jnp.concatenate([keys] * key_groups, axis=1)
     return unroll_with_keys(ts, thetas, states, keys, theta_batched=theta_batched, outer_state=outer_state,
-                            data=data)
+                            data=data, reset_groups=key_groups)
 
 
 def step_keys(key: jax.Array, num_steps: int, num: int) -> jax.Array:
@@ -80,10 +81,12 @@ def step_keys(key: jax.Array, num_steps: int, num: int) -> jax.Array:
 
 
 def unroll_with_keys(ts: TruncatedStep, thetas: Any, states: Any, keys: jax.Array, *, theta_batched: bool = True,
-                     outer_state: Optional[Any] = None, data: Optional[Any] = None) -> tuple[Any, StepOut]:
+                     outer_state: Optional[Any] = None, data: Optional[Any] = None,
+                     reset_groups: int = 1) -> tuple[Any, StepOut]:
     """`unroll` with explicit step keys [T, P]: scan over T of `ts.batched_step`."""
     def body(carry, ks):
-        return ts.batched_step(thetas, carry, ks, theta_batched=theta_batched, outer_state=outer_state, data=data)
+        return ts.batched_step(thetas, carry, ks, theta_batched=theta_batched, outer_state=outer_state, data=data,
+                               reset_groups=reset_groups)
 
     return jax.lax.scan(body, states, keys)
 

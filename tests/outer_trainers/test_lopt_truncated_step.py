@@ -107,3 +107,43 @@ def test_batched_step_equals_vmapped_step_across_resets():
     plain = run(lambda th, s, k: TruncatedStep.batched_step(step, th, s, k))
     assert int(jnp.sum(fast[1].is_done)) >= 4  # several resets happened
     chex.assert_trees_all_equal(fast, plain)
+
+
+class _PlainStep(ot.TruncatedStep):
+    """Delegates init/step to a LOptTruncatedStep but keeps the base class's batched_step."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def init(self, theta, key, *, outer_state=None, data=None):
+        return self.inner.init(theta, key, outer_state=outer_state, data=data)
+
+    def step(self, theta, state, key, *, outer_state=None, data=None):
+        return self.inner.step(theta, state, key, outer_state=outer_state, data=data)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["LOptTruncatedStep", "base batched_step"])
+def test_one_sided_nonfinite_ends_the_whole_pair(plain):
+    """The + half diverges (lr 1e30), the − half does not: with key_groups=2 both restart together
+    on the same fresh task, so the pair's later loss differences compare the same task."""
+    from outer_trainers import unroll as U
+    step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=4), lopt.LearnableSGD(0.01),
+                                ot.ConstantTruncationSchedule(100))
+    ts = _PlainStep(step) if plain else step
+    thetas = {"log_lr": jnp.log(jnp.array([1e30, 1e-2], jnp.float32))}
+    states = U.tile(U.init_particles(ts, {"log_lr": thetas["log_lr"][1]}, jax.random.key(0), 1), 2)
+    run = jax.jit(lambda s, g: U.unroll(ts, thetas, s, jax.random.key(1), 6, key_groups=2), static_argnums=1)
+    final, out = run(states, 2)
+    bad = np.flatnonzero(~np.asarray(out.mask[:, 0]))
+    assert bad.size and np.all(np.asarray(out.mask[:, 1]))  # only the + half went non-finite
+    # both halves end their episodes on every step where the + half went non-finite (it does again
+    # on each fresh task), so they are at the same position of the same task throughout
+    np.testing.assert_array_equal(np.asarray(out.is_done[:, 0]), np.asarray(out.is_done[:, 1]))
+    assert np.all(np.asarray(out.is_done[bad, 1]))
+    np.testing.assert_array_equal(np.asarray(final.inner_step), [6 - (int(bad[-1]) + 1)] * 2)
+    chex.assert_trees_all_close(final.task_cfg["center"][0], final.task_cfg["center"][1])
+    # without the grouping the − half would have run on in its old episode
+    if not plain:
+        final1, _ = jax.jit(lambda s: U.unroll_with_keys(
+            ts, thetas, s, jnp.concatenate([U.step_keys(jax.random.key(1), 6, 1)] * 2, axis=1)))(states)
+        assert int(final1.inner_step[1]) == 6
