@@ -109,7 +109,7 @@ class FullES(GradientEstimator):
             states, out = ts.batched_step(thetas, states, jnp.concatenate([keys, keys], axis=0),
                                           outer_state=outer_state, data=data, reset_groups=2)
             act = active & (t < T)
-            use = act & out.mask
+            use = act & jnp.tile(out.mask[:n] & out.mask[n:], 2)  # both halves count the same steps
             loss = jnp.where(use, out.loss, 0.0)
             carry = (states, act & ~out.is_done, loss_sum + loss, count + use, jnp.where(use, out.loss, last),
                      nonfinite + (act & ~out.mask))

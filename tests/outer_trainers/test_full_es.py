@@ -53,3 +53,29 @@ def test_no_recompile(problem, compile_counter):
 
 def test_nonfinite_particles_end_their_episode_and_are_counted():
     C.assert_nonfinite_handled(ot.FullES(C.nan_step(), 8), C.theta0())
+
+
+class _OneSidedNaN(ot.TruncatedStep):
+    """loss_t = x·(t+1) on steps t = 0, 1, ...; NaN from t = 2 on when x > 0.5. At x = 0.5 exactly
+    one half of every ± pair goes non-finite at t = 2 while the other stays finite."""
+
+    def init(self, theta, key, *, outer_state=None, data=None):
+        return jax.numpy.zeros((), jax.numpy.int32)
+
+    def step(self, theta, t, key, *, outer_state=None, data=None):
+        x = theta["x"]
+        loss = jax.numpy.where((x > 0.5) & (t >= 2), jax.numpy.nan, x * (t + 1))
+        finite = jax.numpy.isfinite(loss)
+        done = (t + 1 >= 6) | ~finite
+        return jax.numpy.where(done, 0, t + 1), ot.StepOut(jax.numpy.where(finite, loss, 0.0), done, finite)
+
+
+def test_one_sided_nonfinite_pair_compares_the_same_steps():
+    """Both halves stop together and average the same steps (t = 0, 1): diff_i = 1.5·2ε_i, so
+    the estimate is 1.5·mean(ε²)/σ² ≈ 1.5. Averaging the finite half over one more step than the
+    other would give ≈ −0.25·E|ε|/(2σ²) + 1.75 ≈ −8 instead."""
+    n, std = 512, 0.01
+    est = ot.FullES(_OneSidedNaN(), n, unroll_length=6, std=std)
+    _, e = est.estimate({"x": jax.numpy.float32(0.5)}, None, jax.random.key(0))
+    assert int(e.metrics["nonfinite"]) == n  # one half of every pair
+    np.testing.assert_allclose(float(e.grad["x"]), 1.5, atol=4 * 1.5 * np.sqrt(2 / n))
