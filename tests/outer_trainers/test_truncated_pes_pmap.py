@@ -4,6 +4,7 @@ Multi-device tests are marked `multidevice` and run in their own invocation:
     XLA_FLAGS=--xla_force_host_platform_device_count=4 pytest -m multidevice
 They fail (not skip) when fewer than 4 devices are visible.
 """
+import chex
 import jax
 import numpy as np
 import pytest
@@ -114,3 +115,25 @@ def test_unbiased_on_four_devices(four_devices):
     samples = C.collect(ot.TruncatedPESPMAP(ts, 64, C.TRUNC, std=0.01, num_devices=4), theta, C.NUM_TRUNCS,
                         replicates=40)
     C.assert_unbiased(samples, ref)
+
+
+@pytest.mark.multidevice
+def test_resume_from_checkpoint_on_four_devices(four_devices, tmp_path):
+    """A checkpointed TruncatedPESPMAP run resumed in a fresh outer_train call ends with exactly
+    the theta of an uninterrupted run, and its restored particle state is sharded over the 4
+    devices again by the first estimate."""
+    import optax
+    import lopt
+    lo = lopt.LearnableSGDM(0.1, 0.5)
+    est = ot.TruncatedPESPMAP(C.quadratic_step(), 8, C.TRUNC, std=0.01, random_initial_iteration_offset=4,
+                              num_devices=4)
+    learner = ot.GradientLearner(lo, optax.adam(0.02))
+    policy = ot.CheckpointPolicy(every_steps=3, every_seconds=None, keep=2)
+    straight = ot.outer_train(learner, [est], 7, seed=5, progress=False)
+    out = str(tmp_path / "run")
+    ot.outer_train(learner, [est], 3, output_dir=out, seed=5, progress=False, checkpoint_policy=policy)
+    resumed = ot.outer_train(learner, [est], 7, output_dir=out, seed=5, progress=False, checkpoint_policy=policy)
+    assert resumed.step == 7
+    chex.assert_trees_all_equal(resumed.theta, straight.theta)
+    leaf = jax.tree_util.tree_leaves(resumed.estimator_states[0].inner_state)[0]
+    assert len(leaf.sharding.device_set) == 4
