@@ -11,6 +11,7 @@ setup(
     packages=[
         "lopt",
         "outer_trainers",
+        "outer_trainers.estimators",
         "outer_trainers.examples",
         "tasks",
         "tasks.datasets",

@@ -3,13 +3,12 @@
 File layout (one msgpack map, never pickle):
     {"format": "lopt.theta", "version": 1, "architecture": "MLPLOpt",
      "config": "<JSON of learned_opt.config()>", "theta": <theta as a state dict>}
-Writes go to a temporary file that is atomically renamed, so a crash never leaves half a file.
+Writes are atomic (`lopt.file_io.atomic_write_bytes`), so a crash never leaves half a file.
 """
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any, Optional
 
 import jax
@@ -18,25 +17,9 @@ import optax
 from flax import serialization
 
 from lopt.base import LearnedOptimizer, architecture
+from lopt.file_io import atomic_write_bytes, read_msgpack_file
 
 FORMAT, VERSION = "lopt.theta", 1
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Writes `data` to `path` via a temp file in the same directory and os.replace."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def save_theta(path: str, learned_opt: LearnedOptimizer, theta: Any) -> None:
@@ -50,19 +33,6 @@ def save_theta(path: str, learned_opt: LearnedOptimizer, theta: Any) -> None:
         "theta": serialization.to_state_dict(jax.tree_util.tree_map(np.asarray, jax.device_get(theta))),
     }
     atomic_write_bytes(path, serialization.msgpack_serialize(payload))
-
-
-def read_msgpack_file(path: str, format_marker: str, what: str, error: type = ValueError) -> dict:
-    """The msgpack map in `path`; `error` naming `what` if it does not decode or lacks the marker."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        payload = serialization.msgpack_restore(raw)
-    except Exception as e:  # msgpack raises several types on corrupt or truncated input
-        raise error(f"{path} is not a readable {what} ({type(e).__name__}: {e})") from e
-    if not isinstance(payload, dict) or payload.get("format") != format_marker:
-        raise error(f"{path} is not a {what} (format marker missing)")
-    return payload
 
 
 def _read(path: str) -> dict:

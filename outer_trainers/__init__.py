@@ -1,21 +1,15 @@
 """Meta-training: truncation schedules, unrolled systems, gradient estimators, learner, outer loop."""
 from outer_trainers.estimator_schedule import EstimatorSchedule
+from outer_trainers.estimators import (Estimate, FullES, FullGrad, GradientEstimator, NoiseReuseES, TruncatedES,
+                                       TruncatedGrad, TruncatedPES, TruncatedPESPMAP, default_compiler_options)
 from outer_trainers.evaluation import compare_optimizers, format_comparison, lr_grid, make_task_trainer, run_settings
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator, default_compiler_options
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
 from outer_trainers.outer_train import OuterTrainState, init_outer_state, outer_step, outer_train
-from outer_trainers.truncated_es import TruncatedES
-from outer_trainers.truncated_pes import TruncatedPES
 from outer_trainers.truncated_step import StepOut, TruncatedStep
 from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
                                                 NeverEndingTruncationSchedule, TruncationSchedule,
                                                 TruncationState)
-from outer_trainers.full_es import FullES
-from outer_trainers.full_grad import FullGrad
-from outer_trainers.noise_reuse_es import NoiseReuseES
-from outer_trainers.truncated_grad import TruncatedGrad
-from outer_trainers.truncated_pes_pmap import TruncatedPESPMAP
 from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy
 from outer_trainers.meta_eval import MetaEvaluator
 from outer_trainers.train_model import TrainResult, TrainState, train_model

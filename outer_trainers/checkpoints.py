@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import serialization
 
-from lopt.serialization import atomic_write_bytes, read_msgpack_file
+from lopt.file_io import atomic_write_bytes, read_msgpack_file
 
 FORMAT, VERSION = "lopt.checkpoint", 1
 _NAME = re.compile(r"^ckpt_(\d+)\.msgpack$")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from outer_trainers.gradient_estimator import GradientEstimator
+from outer_trainers.estimators.gradient_estimator import GradientEstimator
 
 
 class EstimatorSchedule:

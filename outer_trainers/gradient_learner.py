@@ -17,8 +17,8 @@ import optax
 from flax import struct
 
 from lopt.base import LearnedOptimizer
-from outer_trainers.gradient_estimator import Estimate
-from outer_trainers.unroll import tree_all_finite
+from outer_trainers.estimators.gradient_estimator import Estimate
+from outer_trainers.tree_utils import tree_all_finite
 
 
 @struct.dataclass

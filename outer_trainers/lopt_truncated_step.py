@@ -22,8 +22,8 @@ import optax
 from flax import struct
 
 from lopt.base import LearnedOptimizer
-from outer_trainers.truncated_step import StepOut, TruncatedStep, group_any, tree_where
-from outer_trainers.unroll import tree_all_finite
+from outer_trainers.tree_utils import tree_all_finite, tree_where
+from outer_trainers.truncated_step import StepOut, TruncatedStep, group_any
 from outer_trainers.truncation_schedule import TruncationSchedule, TruncationState
 from tasks.base import TaskFamily
 

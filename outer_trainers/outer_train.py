@@ -29,7 +29,7 @@ from flax import struct
 from lopt.serialization import save_theta
 from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy
 from outer_trainers.estimator_schedule import EstimatorSchedule
-from outer_trainers.gradient_estimator import GradientEstimator
+from outer_trainers.estimators.gradient_estimator import GradientEstimator
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.summaries import MetricsLog, Progress
 

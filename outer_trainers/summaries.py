@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Optional
 
-from lopt.serialization import atomic_write_bytes
+from lopt.file_io import atomic_write_bytes
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"

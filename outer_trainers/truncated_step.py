@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from outer_trainers.tree_utils import tree_where
+
 
 @struct.dataclass
 class StepOut:
@@ -81,10 +83,3 @@ def group_all(x: jax.Array, groups: int) -> jax.Array:
     """x [P] bool -> [P]: entry i is all(x[j]) over j ≡ i (mod P/groups)."""
     return jnp.tile(jnp.all(x.reshape(groups, -1), axis=0), groups)
 
-
-def tree_where(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
-    """Leafwise jnp.where with a scalar (or leading-axis) predicate."""
-    def select(a, b):
-        p = jnp.reshape(pred, jnp.shape(pred) + (1,) * (jnp.ndim(a) - jnp.ndim(pred)))
-        return jnp.where(p, a, b)
-    return jax.tree_util.tree_map(select, on_true, on_false)

@@ -90,14 +90,3 @@ def unroll_with_keys(ts: TruncatedStep, thetas: Any, states: Any, keys: jax.Arra
 
     return jax.lax.scan(body, states, keys)
 
-
-def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean of x where mask (0 if none); masked-out entries may be non-finite."""
-    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask.astype(x.dtype)), 1.0)
-
-
-def tree_all_finite(tree) -> jax.Array:
-    """True iff every inexact leaf of `tree` is finite (bool [])."""
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)
-              if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)

@@ -26,7 +26,7 @@ import optax
 import outer_trainers as ot
 import outer_trainers.gin_registry  # noqa: F401  (registers the public API with gin)
 from lopt.base import LearnedOptimizer
-from lopt.serialization import atomic_write_bytes
+from lopt.file_io import atomic_write_bytes
 from outer_trainers.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from outer_trainers.gradient_estimator import GradientEstimator
+from outer_trainers.estimators.gradient_estimator import GradientEstimator
 from outer_trainers.truncated_step import StepOut, TruncatedStep
 
 DIM = 23

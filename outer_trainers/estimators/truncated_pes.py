@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, TruncatedEstimator
+from outer_trainers.estimators.gradient_estimator import Estimate, TruncatedEstimator
 
 
 @struct.dataclass

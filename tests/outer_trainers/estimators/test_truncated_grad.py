@@ -6,7 +6,7 @@ import pytest
 import lopt
 import outer_trainers as ot
 from tasks.quadratics import QuadraticFamily
-from tests.outer_trainers import estimator_checks as C
+from tests.outer_trainers.estimators import estimator_checks as C
 
 
 @pytest.fixture(scope="module")

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.full_es import LOSS_TYPES, episode_meta_loss, max_episode_length
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator
-from outer_trainers.truncated_grad import mean_finite_grads, particle_step_fn
+from outer_trainers.tree_utils import masked_mean
+from outer_trainers.estimators.full_es import LOSS_TYPES, episode_meta_loss, max_episode_length
+from outer_trainers.estimators.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.estimators.truncated_grad import mean_finite_grads, particle_step_fn
 from outer_trainers.truncated_step import TruncatedStep
 
 
@@ -95,4 +96,4 @@ class FullGrad(GradientEstimator):
             theta, init_keys, jax.random.split(k_unroll, n))
         grad, dropped = mean_finite_grads(grads, losses)
         metrics = {"nonfinite": jnp.sum(nonfinite), "resets": jnp.sum(ended), "nonfinite_grads": dropped}
-        return state, Estimate(grad, U.masked_mean(losses, count > 0), metrics)
+        return state, Estimate(grad, masked_mean(losses, count > 0), metrics)

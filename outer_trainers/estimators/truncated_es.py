@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, TruncatedEstimator
+from outer_trainers.tree_utils import masked_mean
+from outer_trainers.estimators.gradient_estimator import Estimate, TruncatedEstimator
 
 
 @struct.dataclass
@@ -38,4 +39,4 @@ class TruncatedES(TruncatedEstimator):
         grad = jax.tree_util.tree_map(lambda e: jnp.tensordot(scale, e, axes=1), eps)
         pos_state = jax.tree_util.tree_map(lambda x: x[:n], states)
         metrics = {"nonfinite": jnp.sum(out.metrics.get("nonfinite", 0)), "resets": jnp.sum(out.is_done)}
-        return TruncatedESState(pos_state), Estimate(grad, U.masked_mean(out.loss, out.mask), metrics)
+        return TruncatedESState(pos_state), Estimate(grad, masked_mean(out.loss, out.mask), metrics)

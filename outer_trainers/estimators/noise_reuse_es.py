@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, TruncatedEstimator
-from outer_trainers.truncated_step import tree_where
+from outer_trainers.estimators.gradient_estimator import Estimate, TruncatedEstimator
+from outer_trainers.tree_utils import tree_where
 
 
 @struct.dataclass

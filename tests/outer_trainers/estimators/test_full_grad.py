@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import outer_trainers as ot
-from tests.outer_trainers import estimator_checks as C
+from tests.outer_trainers.estimators import estimator_checks as C
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, TruncatedEstimator
+from outer_trainers.tree_utils import masked_mean, tree_all_finite
+from outer_trainers.estimators.gradient_estimator import Estimate, TruncatedEstimator
 from outer_trainers.truncated_step import TruncatedStep
 
 
@@ -37,7 +38,7 @@ def particle_step_fn(ts: TruncatedStep, outer_state, data, remat: bool):
 def mean_finite_grads(grads, losses: jax.Array):
     """Mean over particles of per-particle grads [N, ...] whose grad and loss are finite.
     Returns (mean grad, number of dropped particles)."""
-    ok = jax.vmap(U.tree_all_finite)(grads) & jnp.isfinite(losses)
+    ok = jax.vmap(tree_all_finite)(grads) & jnp.isfinite(losses)
     denom = jnp.maximum(jnp.sum(ok), 1).astype(jnp.float32)
     w = ok.astype(jnp.float32) / denom
     mean = jax.tree_util.tree_map(lambda g: jnp.tensordot(w, jnp.where(
@@ -82,4 +83,4 @@ class TruncatedGrad(TruncatedEstimator):
         grad, dropped = mean_finite_grads(grads, losses)
         metrics = {"nonfinite": jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0))),
                    "resets": jnp.sum(out.is_done), "nonfinite_grads": dropped}
-        return TruncatedGradState(states), Estimate(grad, U.masked_mean(out.loss, out.mask), metrics)
+        return TruncatedGradState(states), Estimate(grad, masked_mean(out.loss, out.mask), metrics)

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.tree_utils import masked_mean
+from outer_trainers.estimators.gradient_estimator import Estimate, GradientEstimator
 from outer_trainers.truncated_step import TruncatedStep
 
 LOSS_TYPES = ("avg", "last")
@@ -135,7 +136,7 @@ class FullES(GradientEstimator):
             diff = jnp.sign(diff) * self.sign_delta_loss_scalar
         scale = diff / (2 * self.std**2 * n)
         grad = jax.tree_util.tree_map(lambda e: jnp.tensordot(scale, e, axes=1), eps)
-        loss = U.masked_mean(L, count > 0)
+        loss = masked_mean(L, count > 0)
         metrics = {"nonfinite": jnp.sum(nonfinite), "resets": jnp.sum(~active),
                    "episode_steps": jnp.max(count)}
         return state, Estimate(grad, loss, metrics)

@@ -25,8 +25,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from outer_trainers import unroll as U
-from outer_trainers.gradient_estimator import TruncatedEstimator
-from outer_trainers.truncated_pes import PESState, pes_update, stats_to_estimate
+from outer_trainers.estimators.gradient_estimator import TruncatedEstimator
+from outer_trainers.estimators.truncated_pes import PESState, pes_update, stats_to_estimate
 from outer_trainers.truncated_step import TruncatedStep
 
 AXIS = "tasks"

@@ -1,0 +1,17 @@
+"""Gradient estimators: one per module, all behind the `GradientEstimator` interface.
+
+Each turns unrolls of a `TruncatedStep` into meta-gradient estimates:
+`init_state(theta, key) -> state`, `estimate(theta, state, key) -> (state, Estimate)`.
+"""
+from outer_trainers.estimators.full_es import FullES
+from outer_trainers.estimators.full_grad import FullGrad
+from outer_trainers.estimators.gradient_estimator import (Estimate, GradientEstimator, TruncatedEstimator,
+                                                          default_compiler_options)
+from outer_trainers.estimators.noise_reuse_es import NoiseReuseES
+from outer_trainers.estimators.truncated_es import TruncatedES
+from outer_trainers.estimators.truncated_grad import TruncatedGrad
+from outer_trainers.estimators.truncated_pes import TruncatedPES
+from outer_trainers.estimators.truncated_pes_pmap import TruncatedPESPMAP
+
+__all__ = ["Estimate", "GradientEstimator", "TruncatedEstimator", "default_compiler_options", "FullES", "FullGrad",
+           "NoiseReuseES", "TruncatedES", "TruncatedGrad", "TruncatedPES", "TruncatedPESPMAP"]
