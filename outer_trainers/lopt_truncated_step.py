@@ -55,6 +55,11 @@ class LOptTruncatedStep(TruncatedStep):
         self.trunc_sched = trunc_sched
         self.meta_loss_split = meta_loss_split
 
+    @property
+    def name(self) -> str:
+        """The task family's name: per-estimator metrics are logged under it."""
+        return self.task_family.name
+
     def data_args(self) -> Any:
         return self.task_family.data
 

@@ -31,6 +31,13 @@ class StepOut:
 
 
 class TruncatedStep:
+    """Base class of unrolled systems (see the module docstring for the contract)."""
+
+    @property
+    def name(self) -> str:
+        """A short label of the system, used in metric names and logs (default: the class name)."""
+        return type(self).__name__
+
     def init(self, theta: Any, key: jax.Array, *, outer_state: Optional[Any] = None,
              data: Optional[Any] = None) -> Any:
         raise NotImplementedError
