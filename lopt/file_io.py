@@ -2,6 +2,8 @@
 
 - `atomic_write_bytes(path, data)`: a temp file in the target directory, fsynced, then
   `os.replace`d onto `path`; a crash leaves the old file or the new one, never half of one.
+- `update_markdown_section(path, section)`: replaces one "## " section of a Markdown file (the
+  benchmark scripts' way of recording results in docs/benchmarks.md), atomically.
 - `read_msgpack_file(path, format_marker, what)`: the msgpack map of a lopt file (theta files,
   checkpoints), raising an error that names the file when it is unreadable or not of that kind.
 
@@ -10,6 +12,7 @@ Used by theta files (`lopt.serialization`), checkpoints, summaries and the scrip
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 from flax import serialization
@@ -61,3 +64,32 @@ def read_msgpack_file(path: str, format_marker: str, what: str, error: type = Va
     if not isinstance(payload, dict) or payload.get("format") != format_marker:
         raise error(f"{path} is not a {what} (format marker missing)")
     return payload
+
+
+def replace_markdown_section(doc: str, section: str) -> str:
+    """Replaces one "## " section of a Markdown text.
+
+    Args:
+      doc: the Markdown text.
+      section: the new section; its first line is the heading ("## Title").
+
+    Returns:
+      `doc` with the section that has the same heading (up to the next "## " heading or the end)
+      replaced by `section`; if there is none, `section` appended (after "# Benchmarks" for an
+      empty `doc`).
+    """
+    heading = section.splitlines()[0].strip()
+    pattern = re.compile(rf"^{re.escape(heading)}\s*$.*?(?=^## |\Z)", re.M | re.S)
+    if pattern.search(doc):
+        return pattern.sub(lambda _: section + "\n", doc, count=1).rstrip("\n") + "\n"
+    head = doc.rstrip("\n")
+    return (head + "\n\n" if head else "# Benchmarks\n\n") + section
+
+
+def update_markdown_section(path: str, section: str) -> None:
+    """`replace_markdown_section` on the file at `path` (created if missing), written atomically."""
+    doc = ""
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            doc = f.read()
+    atomic_write_bytes(path, replace_markdown_section(doc, section).encode("utf-8"))

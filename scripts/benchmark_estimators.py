@@ -29,7 +29,7 @@ import jax
 import optax
 
 import lopt
-from benchmark_optimizers import update_markdown
+from lopt.file_io import update_markdown_section
 import outer_trainers as ot
 from outer_trainers import unroll as U
 import tasks
@@ -237,7 +237,7 @@ def main():
         print(table)
         if args.markdown:
             title = args.title or "Where a PES estimate's time goes"
-            update_markdown(args.markdown, f"## {title}\n\n{_env(args.repeats)} {args.note}\n\n{table}\n")
+            update_markdown_section(args.markdown, f"## {title}\n\n{_env(args.repeats)} {args.note}\n\n{table}\n")
         return
     names = list(estimator_factories()) if args.estimators == "all" else args.estimators.split(",")
     rows = bench(args.problems.split(","), names, args.repeats)
@@ -245,7 +245,7 @@ def main():
     print(table)
     if args.markdown:
         title = args.title or f"Estimators ({jax.devices()[0].platform})"
-        update_markdown(args.markdown, f"## {title}\n\n{_env(args.repeats)} {args.note}\n\n{table}\n")
+        update_markdown_section(args.markdown, f"## {title}\n\n{_env(args.repeats)} {args.note}\n\n{table}\n")
 
 
 def _env(repeats: int) -> str:

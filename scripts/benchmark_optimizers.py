@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import optax
 
 import lopt
+from lopt.file_io import update_markdown_section
 
 SECTION = "## Optimizer step"
 # layer widths of an MLP whose weights make the model: ~1.0M and ~9.5M parameters
@@ -114,27 +115,6 @@ def render(results, flops, repeats, note, burst=1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def replace_section(doc: str, section: str) -> str:
-    """`doc` with the section headed by `section`'s first line ('## ...', up to the next '## '
-    heading) replaced by `section`, or with `section` appended."""
-    heading = section.splitlines()[0].strip()
-    pattern = re.compile(rf"^{re.escape(heading)}\s*$.*?(?=^## |\Z)", re.M | re.S)
-    if pattern.search(doc):
-        return pattern.sub(lambda _: section + "\n", doc, count=1).rstrip("\n") + "\n"
-    head = doc.rstrip("\n")
-    return (head + "\n\n" if head else "# Benchmarks\n\n") + section
-
-
-def update_markdown(path: str, section: str) -> None:
-    """Replaces (or appends) `section` in the Markdown file at `path`."""
-    doc = ""
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            doc = f.read()
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(replace_section(doc, section))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1M,10M", help=f"comma-separated, from {sorted(MODELS)}")
@@ -149,7 +129,7 @@ def main(argv=None):
     section = render(results, flops, args.repeats, args.note, args.burst)
     print(section)
     if not args.no_write:
-        update_markdown(args.out, section)
+        update_markdown_section(args.out, section)
     return results
 
 
