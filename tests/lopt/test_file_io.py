@@ -33,8 +33,6 @@ def test_update_markdown_section_writes_the_file(tmp_path):
 def test_atomic_write_leaves_the_old_file_on_error(tmp_path):
     path = str(tmp_path / "f.bin")
     file_io.atomic_write_bytes(path, b"old")
-
-
     with pytest.raises(TypeError):
         file_io.atomic_write_bytes(path, object())  # not bytes: the write fails
     with open(path, "rb") as f:
