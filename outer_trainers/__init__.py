@@ -2,7 +2,8 @@
 from outer_trainers.estimator_schedule import EstimatorSchedule
 from outer_trainers.estimators import (Estimate, FullES, FullGrad, GradientEstimator, NoiseReuseES, TruncatedES,
                                        TruncatedGrad, TruncatedPES, TruncatedPESPMAP, default_compiler_options)
-from outer_trainers.evaluation import compare_optimizers, format_comparison, lr_grid, make_task_trainer, run_settings
+from outer_trainers.evaluation import (best_runs, compare_optimizers, format_comparison, lr_grid, make_task_trainer,
+                                       run_settings)
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
 from outer_trainers.outer_train import OuterTrainState, init_outer_state, outer_step, outer_train
@@ -20,7 +21,7 @@ __all__ = [
     "NeverEndingTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
     "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES", "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state",
-    "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
+    "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",
 ]

@@ -5,7 +5,10 @@
 
 trains every task cfg (vmapped) for `num_steps` with `make_tx(tx_args)` (tx_args traced, so an
 lr grid or a new theta reuses one compiled program) and returns per-step train losses
-[num_tasks, num_steps] and the final loss on `eval_split` [num_tasks].
+[num_tasks, num_steps] and the final loss on `eval_split` [num_tasks]. `run_settings` runs a list
+of optimizer settings (lr grids) on the same task draws; `best_runs` is the one rule that tunes a
+baseline's learning rate on them; `compare_optimizers` / `format_comparison` are the learned
+optimizer vs tuned Adam report that `scripts/outer_train.py` prints.
 """
 from __future__ import annotations
 
@@ -20,15 +23,30 @@ from outer_trainers.train_model import eval_loss, init_train_state, train_step
 from tasks.base import TaskFamily
 
 MakeTx = Callable[[Any], optax.GradientTransformation]
+Setting = tuple[str, MakeTx, Sequence[tuple[float, Any]]]
 
 
 def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, eval_split: str = "test",
-                      eval_batches: int = 8, normalize: bool = False):
-    """A jitted fn(tx_args, cfgs, key, data) -> (train_losses [T, S], eval_losses [T]).
+                      eval_batches: int = 8, normalize: bool = False) -> Callable:
+    """A jitted trainer of many sampled tasks with one optimizer: `fn(tx_args, cfgs, keys, data)`.
 
-    Each task runs `train_model`'s `init_train_state` / `train_step` under `lax.scan`, vmapped over
-    the T cfgs and keys; `tx_args` is traced (one compile for every lr or theta). With
-    `normalize`, losses pass through each task's `normalizer` (comparable across tasks)."""
+    Each task `family.task_fn(cfg)` starts from `train_model`'s `init_train_state` and takes
+    `num_steps` `train_step`s with `make_tx(tx_args)` under `lax.scan`; the T tasks are vmapped
+    over `cfgs` and `keys`. `tx_args` is traced, so one compile serves every lr or theta.
+
+    Args:
+      family: the task family whose `task_fn` builds each task from its cfg.
+      make_tx: tx_args -> the optax optimizer (e.g. `optax.adam`, or `lambda th: lo.opt_fn(th)`).
+      num_steps: inner training steps per task.
+      eval_split: the data split of the loss measured after training.
+      eval_batches: batches averaged for that loss.
+      normalize: pass train and eval losses through each task's `normalizer` (comparable across tasks).
+
+    Returns:
+      `fn(tx_args, cfgs, keys, data) -> (train_losses [T, num_steps], eval_losses [T])`, where
+      `cfgs` is a batch of T task cfgs (see `sample_cfgs`), `keys` [T] the run keys and `data`
+      the family's `data`.
+    """
 
     def train_one(tx_args, cfg, key, data):
         task = family.task_fn(cfg)
@@ -46,27 +64,53 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
 
 
 def final_loss(losses) -> np.ndarray:
-    """The "final" loss of training curves: the mean of the last 10% of steps, [..., T] -> [...]."""
+    """The "final" loss of training curves: the mean of the last 10% of steps (at least one).
+
+    Args:
+      losses: per-step losses [..., num_steps].
+
+    Returns:
+      numpy array [...].
+    """
     losses = np.asarray(losses)
     tail = max(1, losses.shape[-1] // 10)
     return np.mean(losses[..., -tail:], axis=-1)
 
 
 def sample_cfgs(family: TaskFamily, key: jax.Array, num_tasks: int) -> Any:
+    """Draws `num_tasks` task cfgs of `family`, batched for `make_task_trainer`.
+
+    Args:
+      family: the task family to sample.
+      key: PRNG key; split into `num_tasks` keys, one per `family.sample` call.
+      num_tasks: how many cfgs to draw.
+
+    Returns:
+      the cfgs stacked along a leading axis: a pytree whose leaves are [num_tasks, ...].
+    """
     return jax.vmap(family.sample)(jax.random.split(key, num_tasks))
-
-
-Setting = tuple[str, MakeTx, Sequence[tuple[float, Any]]]
 
 
 def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, keys: jax.Array, num_steps: int, *,
                  eval_split: str = "test") -> list[dict]:
-    """Trains the tasks `cfgs` (run keys `keys`, [T]) with every optimizer setting.
+    """Trains the same T tasks with every optimizer setting: one compile per optimizer.
 
-    settings: (name, make_tx, [(learning_rate, tx_args), ...]); each name compiles once, its
-    tx_args traced (learning_rate is only a label: NaN where there is none, as for a theta).
-    Returns [{"optimizer", "learning_rate", "losses" [T, num_steps], "evals" [T]}] (numpy),
-    in the order of `settings`: every setting sees the same task draws and initialisations.
+    Every setting sees the same task draws and initialisations (`cfgs`, `keys`), so their
+    losses are comparable run by run.
+
+    Args:
+      family: the task family `cfgs` were drawn from.
+      settings: `(name, make_tx, [(learning_rate, tx_args), ...])` per optimizer; each name compiles
+        once with its tx_args traced. learning_rate is only a label: NaN where there is none, as
+        for a theta.
+      cfgs: T task cfgs (see `sample_cfgs`).
+      keys: run keys [T].
+      num_steps: inner training steps per task.
+      eval_split: the data split of the loss measured after training.
+
+    Returns:
+      `[{"optimizer": name, "learning_rate": float, "losses": [T, num_steps], "evals": [T]}]` (numpy),
+      one per grid point, in the order of `settings`.
     """
     runs = []
     for name, make_tx, grid in settings:
@@ -79,35 +123,91 @@ def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, key
 
 
 def lr_grid(lrs: Sequence[float]) -> list[tuple[float, jax.Array]]:
-    """[(lr, lr as a traced float32 argument)] for `run_settings`."""
+    """A learning-rate grid as `run_settings` takes it, for make_tx = lr -> optimizer.
+
+    Args:
+      lrs: the learning rates.
+
+    Returns:
+      `[(lr, lr as a float32 scalar array)]`: the label and the traced tx_args of each point.
+    """
     return [(float(lr), jnp.asarray(lr, jnp.float32)) for lr in lrs]
+
+
+def _tuning_score(losses) -> float:
+    """Median over runs of the final train loss; inf if any run is non-finite."""
+    finals = final_loss(losses)
+    return float(np.median(finals)) if np.all(np.isfinite(finals)) else float("inf")
+
+
+def best_runs(runs: Sequence[dict]) -> dict[str, dict]:
+    """Each optimizer's best setting: the rule that tunes a baseline's learning rate.
+
+    A setting's score is the median, over its runs (tasks or seeds), of the final train loss
+    (`final_loss`: mean of the last 10% of steps); a setting with any non-finite (diverged) run
+    loses. Lowest score wins; ties go to the earlier setting. The median keeps one hard task
+    draw from deciding the grid point; the train loss keeps test data out of tuning.
+
+    Args:
+      runs: `run_settings` output: dicts with "optimizer" and "losses" [runs, num_steps].
+
+    Returns:
+      `{optimizer name: its best run}`, in the order the names first appear in `runs`.
+    """
+    best, scores = {}, {}
+    for r in runs:
+        name, score = r["optimizer"], _tuning_score(r["losses"])
+        if name not in best or score < scores[name]:
+            best[name], scores[name] = r, score
+    return best
 
 
 def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, num_tasks: int, num_steps: int,
                        key: jax.Array, adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2),
                        eval_split: str = "test") -> dict:
-    """Learned optimizer vs Adam (each lr of the grid) on `num_tasks` held-out tasks of `family`.
+    """The learned optimizer vs Adam at each learning rate of a grid, on held-out tasks of `family`.
 
-    Returns {name: {"final_train": mean of the last 10% of train losses, "eval": mean eval loss,
-    "curve": mean train loss per step}} for "learned" and "adam(lr=...)", plus "best_adam".
+    Both train the same `num_tasks` task draws; the best Adam learning rate is chosen by
+    `best_runs` (lowest median final train loss, a diverged run loses).
+
+    Args:
+      family: the task family the held-out tasks are drawn from.
+      learned_tx: theta -> the learned optimizer's optax transform.
+      theta: the learned optimizer's meta-parameters.
+      num_tasks: how many tasks to draw.
+      num_steps: inner training steps per task.
+      key: PRNG key of the task draws and training runs.
+      adam_lrs: Adam's learning-rate grid.
+      eval_split: the data split of the loss measured after training.
+
+    Returns:
+      `{name: {"final_train": mean over tasks of the final train loss, "eval": mean eval loss,
+      "curve": mean train loss per step (num_steps floats)}}` for "learned" and each "adam(lr=...)",
+      plus "best_adam": the name of the best Adam entry.
     """
     k_cfg, k_run = jax.random.split(key)
     cfgs = sample_cfgs(family, k_cfg, num_tasks)
-    runs = run_settings(family, [("learned", learned_tx, [(float("nan"), theta)]), ("adam", optax.adam, lr_grid(adam_lrs))],
-                        cfgs, jax.random.split(k_run, num_tasks), num_steps, eval_split=eval_split)
+    settings = [("learned", learned_tx, [(float("nan"), theta)]), ("adam", optax.adam, lr_grid(adam_lrs))]
+    runs = run_settings(family, settings, cfgs, jax.random.split(k_run, num_tasks), num_steps, eval_split=eval_split)
+    label = lambda r: "learned" if r["optimizer"] == "learned" else f"adam(lr={r['learning_rate']:g})"
     results = {}
     for r in runs:
-        name = "learned" if r["optimizer"] == "learned" else f"adam(lr={r['learning_rate']:g})"
-        results[name] = {"final_train": float(np.mean(final_loss(r["losses"]))), "eval": float(np.mean(r["evals"])),
-                         "curve": r["losses"].mean(0).tolist()}
-    adam_names = [k for k in results if k.startswith("adam")]
-    best = min(adam_names, key=lambda k: results[k]["final_train"] if np.isfinite(results[k]["final_train"]) else np.inf)
-    results["best_adam"] = best
+        results[label(r)] = {"final_train": float(np.mean(final_loss(r["losses"]))), "eval": float(np.mean(r["evals"])),
+                             "curve": r["losses"].mean(0).tolist()}
+    results["best_adam"] = label(best_runs(runs)["adam"])
     return results
 
 
 def format_comparison(results: dict, num_steps: int) -> str:
-    """A Markdown table of `compare_optimizers` results."""
+    """A Markdown table of `compare_optimizers` results, the best Adam row marked.
+
+    Args:
+      results: `compare_optimizers` output.
+      num_steps: the inner steps of the runs (shown in the header).
+
+    Returns:
+      the table: one row per optimizer with its final train loss and eval loss.
+    """
     lines = [f"| optimizer ({num_steps} inner steps) | final train loss | eval loss |", "|---|---|---|"]
     for name, r in results.items():
         if name == "best_adam":

@@ -1,14 +1,26 @@
 """The one place that makes lopt configurable with gin.
 
-`import outer_trainers.gin_registry` registers every public class and function of `lopt`,
-`tasks` and `outer_trainers` (under their own names, e.g. `TruncatedPES.std = 0.01`, or
-with the package as module, `outer_trainers.TruncatedPES.std`), plus the optax optimizers
-and transforms that outer-optimizer configs use (`optax.adam.learning_rate = 1e-3`).
+`import outer_trainers.gin_registry` registers the public API of `lopt`, `tasks` and
+`outer_trainers` (every name in their `__all__`) under its own name, e.g.
+`TruncatedPES.std = 0.01` or `x = @NeverEndingTruncationSchedule()`, and with the package as
+module, `outer_trainers.TruncatedPES.std`; plus the optax optimizers and transforms that
+outer-optimizer configs use (`optax.adam.learning_rate = 1e-3`).
+
+What is registered: every public class except state containers, and every public function.
+State containers are the pytrees that carry values between steps or out of a run, not settings:
+`flax.struct.dataclass`es (`LearnerState`, `StepOut`, `TruncationState`, ...) and NamedTuples
+(optimizer states such as `MLPLOptState`, `TrainResult`). A plain (frozen) `dataclasses.dataclass`
+such as a truncation schedule or `CheckpointPolicy` is configuration and is registered.
+
+`load_config` parses gin files and bindings for the scripts, with their error handling.
 The library itself never imports gin: it runs with no config parsed.
 """
 from __future__ import annotations
 
 import inspect
+import os
+import sys
+from typing import Any, Sequence
 
 import gin
 import optax
@@ -20,33 +32,87 @@ import tasks
 OPTAX_NAMES = ("adam", "adamw", "sgd", "rmsprop", "lion", "adafactor", "chain", "clip_by_global_norm", "clip",
                "scale", "scale_by_adam", "add_decayed_weights", "cosine_decay_schedule",
                "warmup_cosine_decay_schedule", "exponential_decay", "MultiSteps")
+PACKAGES = (lopt, tasks, outer_trainers)
 
-_SKIP = {"gin_registry"}
 _registered = False
 
 
-def _is_configurable(obj) -> bool:
+def is_state_container(obj: Any) -> bool:
+    """Whether `obj` is a state-container class: a `flax.struct.dataclass` or a NamedTuple.
+
+    Args:
+      obj: any object (a name of a package's `__all__`).
+
+    Returns:
+      True for the pytree classes that hold values (states, step outputs, results), which gin
+      does not register; False for everything else, classes used as configuration included.
+    """
+    if not inspect.isclass(obj):
+        return False
+    is_flax_struct = bool(getattr(obj, "_flax_dataclass", False))
+    is_named_tuple = issubclass(obj, tuple) and hasattr(obj, "_fields")
+    return is_flax_struct or is_named_tuple
+
+
+def is_configurable(obj: Any) -> bool:
+    """Whether `register_all` registers `obj` with gin: a class that is not a state container, or a function.
+
+    Args:
+      obj: any object (a name of a package's `__all__`).
+
+    Returns:
+      True for configuration classes and public functions; False for state containers, modules
+      and other values.
+    """
     if inspect.isclass(obj):
-        # State containers are data, not configuration.
-        return not hasattr(obj, "__dataclass_fields__") or hasattr(obj, "__post_init__")
+        return not is_state_container(obj)
     return inspect.isfunction(obj)
 
 
 def register_all() -> None:
-    """Registers the public API with gin (idempotent)."""
+    """Registers the public API of `PACKAGES` and the optax names in `OPTAX_NAMES` with gin.
+
+    Each configurable name of a package's `__all__` (see `is_configurable`) is registered both as
+    `Name` and as `package.Name`; optax's as `optax.name`. Idempotent: runs once per process
+    (importing this module calls it).
+    """
     global _registered
     if _registered:
         return
-    for package in (lopt, tasks, outer_trainers):
-        for name in getattr(package, "__all__", []):
+    for package in PACKAGES:
+        for name in package.__all__:
             obj = getattr(package, name)
-            if name in _SKIP or not _is_configurable(obj):
-                continue
-            gin.external_configurable(obj, name=name, module=package.__name__)
+            if is_configurable(obj):
+                gin.external_configurable(obj, name=name, module=package.__name__)
     for name in OPTAX_NAMES:
         if hasattr(optax, name):
             gin.external_configurable(getattr(optax, name), name=name, module="optax")
     _registered = True
+
+
+def load_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
+    """Parses gin config files, then bindings, into gin's global config, exiting on any error.
+
+    For command-line scripts: a missing file exits with its name; a config gin rejects (unknown
+    configurable or parameter, syntax error) prints gin's message, with the files, to stderr and
+    exits with status 2, before anything is built or compiled.
+
+    Args:
+      gin_files: paths of gin files, parsed in order.
+      gin_params: gin bindings such as `"train.num_steps = 10"`, parsed after the files.
+
+    Raises:
+      SystemExit: a file does not exist (status 1) or gin cannot parse the config (status 2).
+    """
+    for f in gin_files:
+        if not os.path.exists(f):
+            raise SystemExit(f"error: gin file {f!r} does not exist")
+    try:
+        gin.parse_config_files_and_bindings(gin_files, gin_params)
+    except Exception as e:  # gin raises ValueError/KeyError/SyntaxError-like errors with locations
+        files = ", ".join(gin_files) or "(no files)"
+        print(f"error: bad gin configuration in {files}:\n{e}", file=sys.stderr)
+        raise SystemExit(2) from e
 
 
 register_all()

@@ -9,8 +9,9 @@ them all alike; the median is reported with its ratio to Adam's median and the b
 optimizer state per parameter. Each sample is one call (`--burst 1`, the default): it starts
 with cold caches, as an update after a forward/backward pass does. `--burst K` times the mean
 of K back-to-back calls instead, which keeps a 1M-parameter model's inputs in cache and so
-flatters memory-bound Adam most (on this machine Adam 1M: 1.5 -> 0.8 ms). The machine's f32 matmul throughput (median of a big square
-matmul) gives MLPLOpt's FLOP floor: 2 · (its per-parameter MLP multiply-adds) · N / throughput.
+flatters memory-bound Adam most (on this machine Adam 1M: 1.5 -> 0.8 ms). The machine's f32
+matmul throughput (median of a big square matmul) gives MLPLOpt's FLOP floor:
+2 · (its per-parameter MLP multiply-adds) · N / throughput.
 The result replaces the "## Optimizer step" section of docs/benchmarks.md (other sections kept).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ import platform
 import re
 import statistics
 import time
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +36,16 @@ SECTION = "## Optimizer step"
 MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10)}
 
 
-def model_params(widths, key):
+def model_params(widths: Sequence[int], key: jax.Array) -> dict:
+    """The weights of a float32 MLP, the model whose update is timed.
+
+    Args:
+      widths: layer widths, input first (e.g. `MODELS["1M"]`).
+      key: PRNG key of the weights (normal, scaled by 1/sqrt(fan-in); biases zero).
+
+    Returns:
+      `{"dense_i": {"w": [a, b], "b": [b]}}` for each consecutive pair (a, b) of widths.
+    """
     params = {}
     for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
         key, k = jax.random.split(key)
@@ -43,7 +54,8 @@ def model_params(widths, key):
     return params
 
 
-def optimizers():
+def optimizers() -> dict[str, optax.GradientTransformation]:
+    """The benchmarked optimizers by name: optax.adam(1e-3) and each learned optimizer at its initial theta."""
     out = {"optax.adam": optax.adam(1e-3)}
     for lo in [lopt.MLPLOpt(), lopt.AdafacMLPLOpt(), lopt.RNNMLPLOpt(), lopt.NNAdam(), lopt.HyperLOpt()]:
         out[lo.name] = lo.opt_fn(lo.init(jax.random.key(0)))
@@ -51,25 +63,51 @@ def optimizers():
 
 
 def mlp_lopt_macs(lo: lopt.MLPLOpt) -> int:
-    """Per-parameter multiply-adds of MLPLOpt's MLP."""
+    """Per-parameter multiply-adds of MLPLOpt's MLP (features -> hidden layers -> 2 outputs).
+
+    Args:
+      lo: the MLPLOpt whose `num_features`, `hidden_size` and `hidden_layers` count.
+
+    Returns:
+      the multiply-adds of one parameter's MLP evaluation.
+    """
     h = lo.hidden_size
     return lo.num_features * h + (lo.hidden_layers - 1) * h * h + 2 * h
 
 
-def _time(fn, args) -> float:
+def _time(fn: Callable, args: tuple) -> float:
     start = time.perf_counter()
     jax.block_until_ready(fn(*args))
     return time.perf_counter() - start
 
 
 def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
+    """This machine's float32 matmul throughput, from a jitted square matmul.
+
+    Args:
+      n: the matrices' size: [n, n] @ [n, n].
+      repeats: timed calls (after one warm-up call).
+
+    Returns:
+      FLOP/s: 2n³ over the median time of a call.
+    """
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     f = jax.jit(lambda x, y: x @ y)
     jax.block_until_ready(f(a, a))
     return 2 * n ** 3 / statistics.median(_time(f, (a, a)) for _ in range(repeats))
 
 
-def bench_size(widths, repeats, burst=1):
+def bench_size(widths: Sequence[int], repeats: int, burst: int = 1) -> tuple[int, dict[str, tuple[float, float]]]:
+    """Times one jitted `tx.update` of every optimizer on one model size, the optimizers interleaved.
+
+    Args:
+      widths: the MLP's layer widths (see `model_params`).
+      repeats: timed samples per optimizer.
+      burst: back-to-back calls per sample; a sample is their mean time.
+
+    Returns:
+      `(number of parameters, {optimizer name: (median seconds per update, state bytes per parameter)})`.
+    """
     params = model_params(widths, jax.random.key(0))
     grads = jax.tree_util.tree_map(lambda p: 0.01 * jnp.cos(p), params)
     n = sum(x.size for x in jax.tree_util.tree_leaves(params))
@@ -90,7 +128,19 @@ def bench_size(widths, repeats, burst=1):
     return n, {name: (statistics.median(r[3]), r[2]) for name, r in runs.items()}
 
 
-def render(results, flops, repeats, note, burst=1) -> str:
+def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1) -> str:
+    """The "## Optimizer step" Markdown section: the timing table and MLPLOpt's FLOP-floor table.
+
+    Args:
+      results: `{size name: bench_size(...)}`.
+      flops: the machine's matmul throughput in FLOP/s (`matmul_flops_per_s`).
+      repeats: timed samples per optimizer (stated in the text).
+      note: conditions to record in the text (may be empty).
+      burst: back-to-back calls per sample (stated in the text).
+
+    Returns:
+      the section's Markdown, ending with a newline.
+    """
     floor_macs = mlp_lopt_macs(lopt.MLPLOpt())
     lines = [SECTION, "",
              f"One jitted `tx.update` (median of {repeats} samples, each "
@@ -106,7 +156,8 @@ def render(results, flops, repeats, note, burst=1) -> str:
             lines.append(f"| {size} ({n:,}) | {name} | {t * 1e3:.2f} | {t / adam:.1f} | {bpp:.1f} |")
     lines += ["", f"MLPLOpt FLOP floor = 2 × {floor_macs} multiply-adds/param × N ÷ matmul throughput "
                   "(target: within 1.5×); AdafacMLPLOpt target ≤ 8× Adam.", "",
-              "| model | MLPLOpt floor ms | MLPLOpt ms | × floor | AdafacMLPLOpt × Adam |", "|---|---:|---:|---:|---:|"]
+              "| model | MLPLOpt floor ms | MLPLOpt ms | × floor | AdafacMLPLOpt × Adam |",
+              "|---|---:|---:|---:|---:|"]
     for size, (n, res) in results.items():
         floor = 2 * floor_macs * n / flops
         t = res["MLPLOpt"][0]
@@ -115,7 +166,14 @@ def render(results, flops, repeats, note, burst=1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> dict:
+    """Runs the benchmark from the command line (`argv`, default `sys.argv[1:]`; see `--help`).
+
+    Prints the section and, unless `--no-write`, writes it into `--out`.
+
+    Returns:
+      `{size name: bench_size(...)}`.
+    """
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1M,10M", help=f"comma-separated, from {sorted(MODELS)}")
     ap.add_argument("--repeats", type=int, default=20)

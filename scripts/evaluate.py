@@ -13,8 +13,9 @@ optimizer). Writes to output_dir:
     results.csv   task, optimizer, learning_rate, seed, final_train_loss, eval_loss
                   (final = mean train loss over the last 10% of steps)
     curves.png    per task: train-loss curves, median over seeds with the min–max band, of the
-                  learned optimizer and the best-tuned Adam and SGD-momentum (best lr = lowest
-                  median final train loss)
+                  learned optimizer and the best-tuned Adam and SGD-momentum (best lr: lowest
+                  median final train loss over seeds, a diverged seed loses; `best_runs` of
+                  outer_trainers.evaluation)
     results.md    Markdown table of the same comparison
     curves.npz    the curves, [seeds, steps] per (task, optimizer, lr)
 
@@ -26,7 +27,6 @@ import argparse
 import ast
 import csv
 import os
-import sys
 from typing import Any, Optional, Sequence
 
 import gin
@@ -35,24 +35,36 @@ import numpy as np
 import optax
 
 import lopt
-import outer_trainers.gin_registry  # noqa: F401  (registers the public API with gin)
-from outer_trainers.evaluation import final_loss, lr_grid, run_settings
+from outer_trainers.evaluation import best_runs, final_loss, lr_grid, run_settings
+from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
 from tasks.base import Task, TaskFamily, single_task_family
 
 ADAM_LRS = tuple(float(x) for x in np.logspace(-4, -1, 7))
 SGDM_LRS = tuple(float(x) for x in np.logspace(-3, 0, 7))
 
 
-def _score(finals: np.ndarray) -> float:
-    """Median over seeds; a non-finite run (diverged) makes the setting lose."""
-    return float(np.median(finals)) if np.all(np.isfinite(finals)) else float("inf")
-
-
 def run_task(family: TaskFamily, learned_opt: lopt.LearnedOptimizer, theta: Any, num_steps: int,
              seeds: Sequence[int], adam_lrs: Sequence[float], sgdm_lrs: Sequence[float], momentum: float,
              eval_split: str) -> list[dict]:
-    """Every optimizer setting on `len(seeds)` draws of `family`: a list of
-    {"optimizer", "learning_rate", "losses" [S, T], "evals" [S]}; one compile per optimizer."""
+    """Trains one draw of `family` per seed with the learned optimizer and both baselines' lr grids.
+
+    Every setting sees the same task draws and initialisations; one compile per optimizer.
+
+    Args:
+      family: the task family (a Task lifted by `single_task_family` draws the same task every seed).
+      learned_opt: the learned optimizer's architecture.
+      theta: its meta-parameters.
+      num_steps: inner training steps per run (also the learned optimizer's horizon).
+      seeds: one task draw and run key per seed.
+      adam_lrs: Adam's learning-rate grid.
+      sgdm_lrs: SGD-with-momentum's learning-rate grid.
+      momentum: SGD's momentum.
+      eval_split: the data split of the loss measured after training.
+
+    Returns:
+      `run_settings`'s list, "learned" first: `{"optimizer", "learning_rate" (NaN for the learned
+      optimizer), "losses" [S, num_steps], "evals" [S]}` in float64, S = len(seeds).
+    """
     keys = [jax.random.key(s) for s in seeds]
     cfgs = jax.vmap(family.sample)(jax.numpy.stack([jax.random.fold_in(k, 0) for k in keys]))
     run_keys = jax.numpy.stack([jax.random.fold_in(k, 1) for k in keys])
@@ -65,28 +77,36 @@ def run_task(family: TaskFamily, learned_opt: lopt.LearnedOptimizer, theta: Any,
     return runs
 
 
-def best_runs(runs: list[dict]) -> dict:
-    """{optimizer: its best run} (the learned optimizer has one)."""
-    best = {}
-    for r in runs:
-        cur = best.get(r["optimizer"])
-        if cur is None or _score(final_loss(r["losses"])) < _score(final_loss(cur["losses"])):
-            best[r["optimizer"]] = r
-    return best
-
-
 def write_csv(path: str, results: dict, seeds: Sequence[int]) -> None:
+    """Writes every run of every task, one row per seed, to a CSV file.
+
+    Args:
+      path: the CSV file to write.
+      results: `{task name: run_task's runs}`.
+      seeds: the seeds of the runs' rows.
+    """
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["task", "optimizer", "learning_rate", "seed", "final_train_loss", "eval_loss"])
         for task, runs in results.items():
             for r in runs:
+                lr = "" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.6g}"
+                finals = final_loss(r["losses"])
                 for i, s in enumerate(seeds):
-                    w.writerow([task, r["optimizer"], "" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.6g}",
-                                s, f"{final_loss(r['losses'])[i]:.6g}", f"{r['evals'][i]:.6g}"])
+                    w.writerow([task, r["optimizer"], lr, s, f"{finals[i]:.6g}", f"{r['evals'][i]:.6g}"])
 
 
 def markdown_table(results: dict, num_steps: int) -> str:
+    """A Markdown table of each task's learned optimizer and best-tuned baselines (`best_runs`).
+
+    Args:
+      results: `{task name: run_task's runs}`.
+      num_steps: the inner steps of the runs (shown in the caption).
+
+    Returns:
+      a caption and the table: per task and optimizer, the best lr and the final train loss
+      (median [min, max] over seeds) and median eval loss.
+    """
     lines = ["| task | optimizer | best lr | final train loss, median [min, max] over seeds | eval loss (median) |",
              "|---|---|---|---|---|"]
     for task, runs in results.items():
@@ -99,6 +119,16 @@ def markdown_table(results: dict, num_steps: int) -> str:
 
 
 def plot_curves(path: str, results: dict) -> None:
+    """Plots, per task, the train-loss curves of the learned optimizer and the best-tuned baselines.
+
+    Each curve is the median over seeds with a min–max band; the y axis is clipped at 10× the
+    largest median starting loss (so diverging curves do not squash the others) and is
+    logarithmic when every finite run's losses are positive.
+
+    Args:
+      path: the PNG file to write.
+      results: `{task name: run_task's runs}`.
+    """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -129,8 +159,22 @@ def plot_curves(path: str, results: dict) -> None:
 def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence[Any] = gin.REQUIRED,
              num_steps: int = 1000, num_seeds: int = 3, adam_lrs: Sequence[float] = ADAM_LRS,
              sgdm_lrs: Sequence[float] = SGDM_LRS, momentum: float = 0.9, eval_split: str = "test") -> dict:
-    """Runs the comparison and writes results.csv, curves.png, results.md, curves.npz. Returns
-    {task name: runs} (see `run_task`)."""
+    """Runs the comparison of the module docstring and writes its four files to `output_dir`.
+
+    Args:
+      output_dir: where results.csv, curves.png, results.md and curves.npz go (created if missing).
+      theta_path: a learned optimizer's theta file (`lopt.save_theta`).
+      tasks: Tasks or TaskFamilies; a repeated name gets its index appended.
+      num_steps: inner training steps per run.
+      num_seeds: task draws (and run keys) per task, seeds 0 .. num_seeds - 1.
+      adam_lrs: Adam's learning-rate grid.
+      sgdm_lrs: SGD-with-momentum's learning-rate grid.
+      momentum: SGD's momentum.
+      eval_split: the data split of the loss measured after training.
+
+    Returns:
+      `{task name: run_task's runs}`.
+    """
     learned_opt, theta = lopt.load_learned_optimizer(theta_path)
     seeds = list(range(num_seeds))
     results = {}
@@ -155,8 +199,21 @@ def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence
 
 
 def task_bindings(specs: Sequence[str]) -> list[str]:
-    """gin bindings for `--task` specs: "QuadraticFamily(dim=4)" -> scoped bindings
-    `task0/QuadraticFamily.dim = 4` plus `evaluate.tasks = [@task0/QuadraticFamily()]`."""
+    """The gin bindings that make `--task` specs the evaluated tasks.
+
+    "QuadraticFamily(dim=4)" as the first spec becomes the scoped binding
+    `task0/QuadraticFamily.dim = 4`, and the specs together `evaluate.tasks = [@task0/QuadraticFamily(), ...]`.
+
+    Args:
+      specs: constructor calls of public tasks classes or functions, keyword arguments only; a bare name is
+        a call without arguments.
+
+    Returns:
+      the bindings, the `evaluate.tasks` one last (none if `specs` is empty).
+
+    Raises:
+      SystemExit: a spec is not of the form `Name(key=value, ...)`.
+    """
     bindings, refs = [], []
     for i, spec in enumerate(specs):
         try:
@@ -174,19 +231,24 @@ def task_bindings(specs: Sequence[str]) -> list[str]:
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parses the command line (`argv`, default `sys.argv[1:]`); see `--help`."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output_dir", required=True)
+    p.add_argument("--output_dir", required=True, help="where results.csv, curves.png, results.md, curves.npz go")
     p.add_argument("--theta", help="a theta_final.msgpack (sets evaluate.theta_path)")
     p.add_argument("--task", action="append", default=[], help="e.g. 'QuadraticFamily(dim=4)' (repeatable)")
-    p.add_argument("--num_steps", type=int)
-    p.add_argument("--num_seeds", type=int)
-    p.add_argument("--gin_file", action="append", default=[])
-    p.add_argument("--gin_param", action="append", default=[])
+    p.add_argument("--num_steps", type=int, help="inner steps per run (sets evaluate.num_steps)")
+    p.add_argument("--num_seeds", type=int, help="task draws per task (sets evaluate.num_seeds)")
+    p.add_argument("--gin_file", action="append", default=[], help="gin config file (repeatable)")
+    p.add_argument("--gin_param", action="append", default=[], help="gin binding, e.g. 'evaluate.num_steps = 100'")
     return p.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
-    from outer_train import load_config  # same gin error handling as the training script
+    """Turns the command line (`argv`, default `sys.argv[1:]`) into gin bindings and runs `evaluate`.
+
+    Returns:
+      `evaluate`'s results.
+    """
     args = parse_args(argv)
     params = list(args.gin_param) + task_bindings(args.task)
     if args.theta:
@@ -199,5 +261,4 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     main()

@@ -16,7 +16,6 @@ import argparse
 import logging
 import os
 import re
-import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
 import gin
@@ -24,12 +23,11 @@ import jax
 import optax
 
 import outer_trainers as ot
-import outer_trainers.gin_registry  # noqa: F401  (registers the public API with gin)
 from lopt.base import LearnedOptimizer
 from lopt.file_io import atomic_write_bytes
+from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
 from outer_trainers.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
-
 
 # Bindings that may change between a run and its resumption (length, logging, evaluation, saving):
 # every other binding must match the checkpoint's.
@@ -39,8 +37,16 @@ RESUME_SAFE = ("train.num_steps", "train.progress", "train.log_every", "train.te
 
 
 def gin_bindings(config_str: str, ignore: Sequence[str] = RESUME_SAFE) -> list[str]:
-    """The bindings of a gin config string, one string per binding (continuation lines joined),
-    without comments and without bindings whose name starts with a prefix in `ignore`."""
+    """The bindings of a gin config string, as the checkpoint's config records them for resume checks.
+
+    Args:
+      config_str: gin config text (e.g. `gin.config_str()`).
+      ignore: binding-name prefixes to drop (default: `RESUME_SAFE`).
+
+    Returns:
+      one string per binding (continuation lines joined; comments and blank lines dropped), without
+      the bindings whose name starts with a prefix in `ignore`.
+    """
     out = []
     for line in config_str.splitlines():
         stripped = line.strip()
@@ -56,8 +62,18 @@ def gin_bindings(config_str: str, ignore: Sequence[str] = RESUME_SAFE) -> list[s
 @gin.configurable
 def clipped_outer_opt(opt: optax.GradientTransformation = gin.REQUIRED,
                       max_norm: float = 1.0) -> optax.GradientTransformation:
-    """`opt` after clipping the meta-gradient's global norm to `max_norm` (gin cannot bind
-    optax.chain's *args): `train.outer_opt = @clipped_outer_opt()`."""
+    """An outer optimizer that clips the meta-gradient's global norm first: `train.outer_opt = @clipped_outer_opt()`.
+
+    `optax.chain(optax.clip_by_global_norm(max_norm), opt)`, which gin cannot bind directly
+    (chain takes *args).
+
+    Args:
+      opt: the outer optimizer that follows the clipping.
+      max_norm: the largest global norm of the meta-gradient.
+
+    Returns:
+      the chained optax transform.
+    """
     return optax.chain(optax.clip_by_global_norm(max_norm), opt)
 
 
@@ -69,16 +85,54 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
           eval_num_tasks: int = 0, eval_num_steps: int = 200, eval_adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2),
           progress: Union[bool, str] = True, log_every: int = 1, tensorboard: bool = True, resume: bool = True,
           checkpoint_every_steps: Optional[int] = None, checkpoint_every_seconds: Optional[float] = 600.0,
-          keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (), permanent_checkpoint_every: Optional[int] = None,
+          keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (),
+          permanent_checkpoint_every: Optional[int] = None,
           best_metric: Optional[str] = "eval/final_loss", best_mode: str = "min", keep_best: int = 1,
           meta_eval_every: int = 0, meta_eval_tasks: Optional[Sequence[Any]] = None, meta_eval_num_tasks: int = 4,
           meta_eval_num_steps: int = 100, meta_eval_seed: int = 12345,
           config: Optional[dict] = None) -> ot.OuterTrainState:
-    """Builds the truncated step and estimators (`estimators` are classes or factories taking the
-    truncated step), runs `outer_train` (checkpointing and resuming in `output_dir`; every
-    `meta_eval_every` steps training `meta_eval_tasks` — default: `task_family` — for
-    `meta_eval_num_steps` steps), and optionally compares with Adam on held-out tasks at the end
-    (`eval_num_tasks` > 0). `best_metric` picks "best" checkpoints when meta-evaluation runs."""
+    """Meta-trains `learned_opt` on `task_family`, then optionally compares it with Adam.
+
+    Builds the `LOptTruncatedStep` and the estimators, runs `outer_train` (checkpointing and
+    resuming in `output_dir`, meta-evaluating every `meta_eval_every` steps) and, when
+    `eval_num_tasks` > 0, prints and writes comparison.md: `compare_optimizers` on held-out tasks.
+
+    Args:
+      output_dir: where metrics, TensorBoard summaries, checkpoints, theta and reports go.
+      task_family: the tasks meta-trained on.
+      learned_opt: the learned optimizer meta-trained.
+      trunc_sched: the inner episodes' truncation schedule.
+      estimators: classes or factories taking the truncated step, one gradient estimator each.
+      estimator_weights: the estimators' weights in the averaged gradient (default: equal).
+      outer_opt: the optax optimizer of theta.
+      num_steps: outer steps.
+      seed: the run's PRNG seed (the comparison uses seed + 10000).
+      meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
+      eval_num_tasks: held-out tasks of the final comparison with Adam (0: none).
+      eval_num_steps: inner steps of each comparison run.
+      eval_adam_lrs: Adam's learning-rate grid in the comparison.
+      progress: True or "bar" (tqdm), "log" (plain lines, for log files), False or "none".
+      log_every: outer steps between metrics lines.
+      tensorboard: also write TensorBoard summaries.
+      resume: continue from the latest complete checkpoint in `output_dir`.
+      checkpoint_every_steps: outer steps between checkpoints (None: not by steps).
+      checkpoint_every_seconds: seconds between checkpoints (None: not by time).
+      keep_checkpoints: how many recent checkpoints to keep.
+      checkpoints_at: outer steps that always get a kept checkpoint.
+      permanent_checkpoint_every: keep every checkpoint at a multiple of this step (None: none).
+      best_metric: the meta-evaluation metric that picks "best" checkpoints (used when meta-evaluation runs).
+      best_mode: "min" or "max": which `best_metric` value is best.
+      keep_best: how many best checkpoints to keep.
+      meta_eval_every: outer steps between meta-evaluations (0: none).
+      meta_eval_tasks: Tasks or TaskFamilies meta-evaluated (None: `task_family`).
+      meta_eval_num_tasks: tasks drawn per meta-evaluated family.
+      meta_eval_num_steps: inner steps of each meta-evaluation run.
+      meta_eval_seed: the seed of the meta-evaluation task draws.
+      config: the run's config, stored with checkpoints; a resume refuses a different one.
+
+    Returns:
+      the final `OuterTrainState`.
+    """
     step = ot.LOptTruncatedStep(task_family, learned_opt, trunc_sched, meta_loss_split=meta_loss_split)
     ests = [make(step) for make in estimators]
     learner = ot.GradientLearner(learned_opt, outer_opt)
@@ -109,6 +163,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parses the command line (`argv`, default `sys.argv[1:]`); see `--help`."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gin_file", action="append", default=[], help="gin config file (repeatable)")
     p.add_argument("--gin_param", action="append", default=[], help="gin binding, e.g. 'train.num_steps = 10'")
@@ -116,20 +171,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
-    """Parses gin files and bindings; raises SystemExit(2) with gin's message on any error."""
-    for f in gin_files:
-        if not os.path.exists(f):
-            raise SystemExit(f"error: gin file {f!r} does not exist")
-    try:
-        gin.parse_config_files_and_bindings(gin_files, gin_params)
-    except Exception as e:  # gin raises ValueError/KeyError/SyntaxError-like errors with locations
-        files = ", ".join(gin_files) or "(no files)"
-        print(f"error: bad gin configuration in {files}:\n{e}", file=sys.stderr)
-        raise SystemExit(2) from e
-
-
 def main(argv: Optional[Sequence[str]] = None) -> ot.OuterTrainState:
+    """Parses the command line (`argv`, default `sys.argv[1:]`) and its gin config, saves the operative
+    config to `output_dir`/config.gin and runs `train`.
+
+    Returns:
+      `train`'s final state.
+    """
     args = parse_args(argv)
     load_config(args.gin_file, args.gin_param)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

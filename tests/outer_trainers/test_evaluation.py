@@ -1,4 +1,5 @@
-"""run_settings / compare_optimizers: every setting trains the same task draws; one compile per optimizer."""
+"""run_settings / compare_optimizers: every setting trains the same task draws; one compile per optimizer;
+best_runs: the one learning-rate tuning rule."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,6 +8,7 @@ import optax
 import lopt
 import outer_trainers as ot
 import tasks
+from outer_trainers import evaluation
 from outer_trainers.evaluation import sample_cfgs
 
 
@@ -33,6 +35,20 @@ def test_compare_optimizers_picks_the_best_adam():
     res = ot.compare_optimizers(fam, lo.opt_fn, lo.init(jax.random.key(0)), num_tasks=2, num_steps=15,
                                 key=jax.random.key(2), adam_lrs=(1e-4, 1e-1))
     assert set(res) == {"learned", "adam(lr=0.0001)", "adam(lr=0.1)", "best_adam"}
+    # with two tasks the median final train loss (the rule) is the mean ("final_train")
     assert res["best_adam"] == min(["adam(lr=0.0001)", "adam(lr=0.1)"], key=lambda k: res[k]["final_train"])
     assert len(res["learned"]["curve"]) == 15
     assert "| learned |" in ot.format_comparison(res, 15)
+
+
+def test_best_runs_takes_the_lowest_median_final_loss_and_a_diverged_run_loses():
+    curve = lambda *finals: np.asarray(finals, np.float64)[:, None] * np.ones((1, 10))
+    runs = [{"optimizer": "learned", "losses": curve(5.0, 5.0, 5.0)},
+            {"optimizer": "adam", "losses": curve(1.0, 1.0, 100.0)},   # lowest median (1), not lowest mean
+            {"optimizer": "adam", "losses": curve(2.0, 2.0, 2.0)},     # lowest mean (2)
+            {"optimizer": "adam", "losses": curve(0.1, 0.1, np.nan)},  # diverged on one task: loses
+            {"optimizer": "sgd", "losses": curve(np.inf, 1.0, 1.0)},
+            {"optimizer": "sgd", "losses": curve(np.nan, 1.0, 1.0)}]   # all diverged: the first is kept
+    best = evaluation.best_runs(runs)
+    assert list(best) == ["learned", "adam", "sgd"]
+    assert best["learned"] is runs[0] and best["adam"] is runs[1] and best["sgd"] is runs[4]

@@ -4,9 +4,12 @@ import os
 import subprocess
 import sys
 
+import gin
 import pytest
 
 import lopt
+import outer_trainers as ot
+import tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "outer_train.py")
@@ -57,11 +60,6 @@ def test_missing_gin_file(tmp_path):
 
 
 # ---- configs, resume through the script ------------------------------------------------------------
-
-import gin  # noqa: E402
-
-import outer_trainers as ot  # noqa: E402
-import tasks  # noqa: E402
 
 CONFIGS = ["quickstart", "pes_mlplopt_image_mlp", "adafac_fashion_mnist", "nres"]
 
