@@ -6,7 +6,10 @@ from outer_trainers.evaluation import (best_runs, compare_optimizers, format_com
                                        run_settings)
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
-from outer_trainers.outer_train import OuterTrainState, init_outer_state, outer_step, outer_train
+from outer_trainers.outer_train import (OuterTrainState, init_outer_state, outer_step, outer_train,
+                                        resample_estimators)
+from outer_trainers.reporting import Reporter, RunTotals
+from outer_trainers.run_checkpoints import RunCheckpoints
 from outer_trainers.truncated_step import StepOut, TruncatedStep
 from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
                                                 NeverEndingTruncationSchedule, TruncationSchedule,
@@ -20,7 +23,8 @@ __all__ = [
     "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
     "NeverEndingTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
     "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES", "GradientLearner", "LearnerState",
-    "OuterTrainState", "outer_train", "outer_step", "init_outer_state",
+    "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",
+    "Reporter", "RunTotals", "RunCheckpoints",
     "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",

@@ -10,11 +10,14 @@
 
 Layout under `directory`: `ckpt_<step>.msgpack` (rolling, the last `keep` kept),
 `permanent/ckpt_<step>.msgpack`, `best/ckpt_<step>.msgpack`. A file is one msgpack map
-`{"format", "version", "step", "meta", "paths", "leaves", "key_leaves"}` with the state's leaves in
-flatten order (typed PRNG keys stored as `jax.random.key_data` and rewrapped on restore). Files
-are written to a temp file, fsynced and atomically renamed, so a file under its final name is
-complete: a half-written checkpoint is a `.tmp-*` file that is never listed. A final-named file
-that fails to decode is skipped with a warning and the next-newest is used.
+`{"format", "version", "step", "meta", "structure", "leaves", "key_leaves"}`: "meta" is the
+caller's metadata as JSON; "structure" is JSON `[[path, shape, dtype], ...]` of every leaf
+(`structure_of`), which a restore compares with its template; "leaves" maps the zero-padded
+flatten index of each leaf to its array; "key_leaves" maps the index of each typed PRNG key
+leaf to its key implementation (the key is stored as `jax.random.key_data` and rewrapped on
+restore). Files are written to a temp file, fsynced and atomically renamed, so a file under its
+final name is complete: a half-written checkpoint is a `.tmp-*` file that is never listed. A
+final-named file that fails to decode is skipped with a warning and the next-newest is used.
 """
 from __future__ import annotations
 
@@ -43,11 +46,21 @@ class CorruptCheckpointError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointPolicy:
-    """When to save. Rolling: every `every_steps` steps and/or every `every_seconds` seconds,
-    keeping the last `keep`. Permanent (never deleted): at `checkpoints_at` steps and every
-    `permanent_every` steps. Best: when `best_metric` (a logged metric name) improves
-    (`best_mode` "min" or "max"), keeping the `keep_best` best. `save_final`: a rolling
-    checkpoint at the last step, so re-running a finished run does nothing."""
+    """When to save checkpoints, of three kinds: rolling (the last `keep` kept), permanent (never
+    deleted) and best (the `keep_best` best by a logged metric).
+
+    Attributes:
+        every_steps: a rolling checkpoint every this many steps (None: not by steps).
+        every_seconds: a rolling checkpoint when this many seconds passed since the last one (None: not by time).
+        keep: rolling checkpoints kept (>= 1); older ones are deleted.
+        checkpoints_at: steps that get a permanent checkpoint.
+        permanent_every: a permanent checkpoint every this many steps (None: none).
+        best_metric: a logged metric name (e.g. "eval/final_loss"); a best checkpoint whenever it improves
+            (None: no best checkpoints).
+        best_mode: "min" or "max": whether lower or higher `best_metric` is better.
+        keep_best: best checkpoints kept (>= 1).
+        save_final: a rolling checkpoint at the last step, so re-running a finished run does nothing.
+    """
 
     every_steps: Optional[int] = None
     every_seconds: Optional[float] = 600.0
@@ -78,7 +91,15 @@ def _is_key(x: Any) -> bool:
 
 
 def structure_of(tree: Any) -> list[list]:
-    """[[path, shape, dtype], ...] for every leaf: what a checkpoint must match to be restored."""
+    """What a checkpoint's state must match to be restored into a template.
+
+    Args:
+        tree: a pytree of arrays, jax.ShapeDtypeStructs or other leaves.
+
+    Returns:
+        [[path, shape, dtype], ...] for every leaf in flatten order (path as `jax.tree_util.keystr`,
+        dtype as a string; the type name for leaves without a dtype).
+    """
     out = []
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
         dtype = str(leaf.dtype) if hasattr(leaf, "dtype") else type(leaf).__name__
@@ -87,7 +108,16 @@ def structure_of(tree: Any) -> list[list]:
 
 
 def to_bytes(state: Any, step: int, meta: Optional[dict] = None) -> bytes:
-    """Serialises `state` (any pytree of arrays, typed PRNG keys included) with JSON-able `meta`."""
+    """A checkpoint file's bytes (see the module docstring for the layout).
+
+    Args:
+        state: any pytree of arrays, typed PRNG keys included.
+        step: the step the checkpoint is taken at.
+        meta: JSON-able metadata stored with it (None: {}).
+
+    Returns:
+        The msgpack bytes.
+    """
     leaves = jax.device_get(jax.tree_util.tree_leaves(state))
     stored, key_leaves = {}, {}
     for i, leaf in enumerate(leaves):
@@ -101,7 +131,10 @@ def to_bytes(state: Any, step: int, meta: Optional[dict] = None) -> bytes:
 
 
 def read(path: str) -> dict:
-    """The decoded checkpoint file (raises ValueError if it is not one)."""
+    """The decoded checkpoint file at `path`, with "meta" and "structure" parsed from JSON.
+
+    Raises CorruptCheckpointError (a ValueError) if the file is not a readable lopt checkpoint.
+    """
     payload = read_msgpack_file(path, FORMAT, "lopt checkpoint", CorruptCheckpointError)
     payload["meta"] = json.loads(payload["meta"])
     payload["structure"] = json.loads(payload["structure"])
@@ -130,7 +163,13 @@ def _describe(got: Any, want: Any) -> str:
 
 
 def check_meta(path: str, saved: dict, expect: dict) -> None:
-    """Raises ValueError naming every key of `expect` whose saved value differs."""
+    """Raises ValueError naming every key of `expect` whose saved value differs, and how.
+
+    Args:
+        path: the checkpoint's path (for the message).
+        saved: the checkpoint's metadata.
+        expect: the metadata this run requires.
+    """
     diffs = [f"{k} ({_describe(saved.get(k), want)})" for k, want in expect.items() if saved.get(k) != want]
     if diffs:
         raise ValueError(f"checkpoint {path} does not match this run: " + " | ".join(diffs) +
@@ -138,9 +177,18 @@ def check_meta(path: str, saved: dict, expect: dict) -> None:
 
 
 def restore(path: str, template: Any, expect: Optional[dict] = None) -> tuple[Any, dict]:
-    """(state, payload) from `path`. `template` is a pytree (arrays or jax.ShapeDtypeStruct, e.g.
-    from jax.eval_shape) with the expected structure; `expect` maps meta keys to required values.
-    Mismatches raise ValueError naming what differs."""
+    """The state stored at `path`, checked against what the caller expects.
+
+    Args:
+        path: a checkpoint file.
+        template: a pytree (arrays or jax.ShapeDtypeStructs, e.g. from jax.eval_shape) with the expected
+            structure; the restored leaves take its dtypes.
+        expect: meta keys mapped to the values they must have (None: no check).
+
+    Returns:
+        (state, payload): the state in the template's structure, and the decoded file (`read`).
+        A metadata or structure mismatch raises ValueError naming what differs.
+    """
     payload = read(path)
     if expect:
         check_meta(path, payload["meta"], expect)
@@ -163,7 +211,15 @@ def restore(path: str, template: Any, expect: Optional[dict] = None) -> tuple[An
 # ---- files on disk ---------------------------------------------------------------------------------
 
 class CheckpointManager:
-    """Saves and finds checkpoints under `directory` according to `policy` (see module doc)."""
+    """Saves and finds checkpoints under `directory` according to `policy` (see the module docstring).
+
+    On construction it recovers the best metric value of the "best" checkpoints already in
+    `directory`, so a resumed run only saves a better one.
+
+    Args:
+        directory: where the checkpoints go (created on the first save).
+        policy: when to save and how many to keep (default `CheckpointPolicy()`).
+    """
 
     def __init__(self, directory: str, policy: Optional[CheckpointPolicy] = None):
         self.directory = directory
@@ -180,6 +236,7 @@ class CheckpointManager:
         return self.directory if kind == "rolling" else os.path.join(self.directory, kind)
 
     def path(self, kind: str, step: int) -> str:
+        """The path of the `kind` ("rolling", "permanent" or "best") checkpoint at `step`."""
         return os.path.join(self._dir(kind), f"ckpt_{int(step):08d}.msgpack")
 
     def list(self, kind: str) -> list[tuple[int, str]]:
@@ -205,8 +262,18 @@ class CheckpointManager:
         return None
 
     def restore_latest(self, template: Any, expect: Optional[dict] = None) -> Optional[tuple[Any, dict]]:
-        """`restore` of the newest decodable checkpoint (None if there is none). A checkpoint that
-        decodes but does not match `template`/`expect` raises: it is never silently skipped."""
+        """`restore` of the newest decodable checkpoint of any kind.
+
+        Unreadable files are skipped with a warning; a checkpoint that decodes but does not match
+        `template`/`expect` raises ValueError: it is never silently skipped.
+
+        Args:
+            template: the expected state structure (see `restore`).
+            expect: meta keys mapped to required values (see `restore`).
+
+        Returns:
+            (state, payload) as `restore` returns them, or None when no checkpoint decodes.
+        """
         for _, p in self.all():
             try:
                 return restore(p, template, expect)
@@ -219,7 +286,16 @@ class CheckpointManager:
         self._last_save_time = now
 
     def due(self, step: int, now: float, *, final: bool = False) -> list[str]:
-        """Which of "rolling"/"permanent" checkpoints the policy wants at `step` (time `now`)."""
+        """Which checkpoints the policy wants after `step`.
+
+        Args:
+            step: steps taken.
+            now: the current time (`time.perf_counter()`), for `every_seconds`.
+            final: whether `step` is the last step (for `save_final`).
+
+        Returns:
+            A list with "permanent" and/or "rolling", possibly empty.
+        """
         p, kinds = self.policy, []
         if p.checkpoints_at and step in p.checkpoints_at or (p.permanent_every and step % p.permanent_every == 0):
             kinds.append("permanent")
@@ -232,7 +308,18 @@ class CheckpointManager:
 
     def save(self, step: int, state: Any, meta: Optional[dict] = None, kinds: Sequence[str] = ("rolling",),
              now: Optional[float] = None) -> list[str]:
-        """Writes the checkpoint once per kind in `kinds`; prunes rolling ones beyond `keep`."""
+        """Writes the checkpoint once per kind in `kinds`; prunes rolling ones beyond `policy.keep`.
+
+        Args:
+            step: the step the state is at (it names the file).
+            state: any pytree of arrays.
+            meta: JSON-able metadata stored with it.
+            kinds: "rolling" and/or "permanent" (e.g. `due(step, now)`); empty writes nothing.
+            now: the current time; a rolling save at a given `now` restarts the every_seconds clock.
+
+        Returns:
+            The paths written.
+        """
         paths = []
         if not kinds:
             return paths
@@ -249,6 +336,7 @@ class CheckpointManager:
         return paths
 
     def is_better(self, value: float) -> bool:
+        """Whether `value` of the best metric is finite and beats the best so far (per `policy.best_mode`)."""
         if value is None or not np.isfinite(value):
             return False
         if self.best_value is None:
@@ -256,8 +344,17 @@ class CheckpointManager:
         return value < self.best_value if self.policy.best_mode == "min" else value > self.best_value
 
     def save_best(self, step: int, state: Any, value: float, meta: Optional[dict] = None) -> Optional[str]:
-        """Saves a "best" checkpoint if `value` of `policy.best_metric` improves on the best so far;
-        keeps the `keep_best` best. Returns the path written or None."""
+        """Saves a "best" checkpoint if `value` improves on the best so far; keeps the `keep_best` best.
+
+        Args:
+            step: the step the state is at.
+            state: any pytree of arrays.
+            value: this step's value of `policy.best_metric` (stored in the metadata as "best_value").
+            meta: JSON-able metadata stored with it.
+
+        Returns:
+            The path written, or None when `value` is not better.
+        """
         if not self.is_better(value):
             return None
         self.best_value = float(value)

@@ -30,7 +30,16 @@ def _as_family(t: Union[Task, TaskFamily]) -> TaskFamily:
 
 
 class MetaEvaluator:
-    """Trains `num_tasks` held-out tasks of each family for `num_steps` steps with theta."""
+    """Trains `num_tasks` held-out tasks of each family for `num_steps` steps with theta (see the module docstring).
+
+    Args:
+        learned_opt: the LearnedOptimizer whose theta is evaluated (run with `num_steps` as its horizon).
+        tasks: a Task, a TaskFamily, or a list or tuple of them (a Task counts as a one-task family).
+        num_tasks: held-out tasks drawn per family (>= 1).
+        num_steps: inner training steps per task (>= 1).
+        seed: seed of the held-out task configs and keys, fixed for the evaluator's life.
+        eval_split: the data split of the after-training "eval_loss".
+    """
 
     def __init__(self, learned_opt: LearnedOptimizer, tasks: Union[Task, TaskFamily, Sequence[Any]], *,
                  num_tasks: int = 4, num_steps: int = 100, seed: int = 12345, eval_split: str = "test"):
@@ -52,7 +61,16 @@ class MetaEvaluator:
             self._inputs.append((sample_cfgs(f, k_cfg, self.num_tasks), jax.random.split(k_run, self.num_tasks)))
 
     def __call__(self, theta: Any) -> dict:
-        """Python floats: per family final/mean/eval normalised loss, and their means over families."""
+        """Trains the held-out tasks with `theta` and reports their normalised losses.
+
+        Args:
+            theta: the learned optimizer's meta-parameters.
+
+        Returns:
+            {name: float}: "eval/<family>/final_loss", ".../mean_loss" and ".../eval_loss" per family
+            (averaged over its tasks), and "eval/final_loss", "eval/mean_loss", "eval/eval_loss"
+            averaged over families.
+        """
         out = {}
         totals = {"final_loss": [], "mean_loss": [], "eval_loss": []}
         for name, f, trainer, (cfgs, keys) in zip(self.names, self.families, self._trainers, self._inputs):

@@ -24,8 +24,17 @@ TB_DIR = "tb"
 
 
 def truncate_jsonl(path: str, max_step: int) -> int:
-    """Rewrites `path` keeping only lines whose "step" is <= `max_step` (and well-formed lines);
-    returns the number of lines dropped. Atomic: a crash leaves the old or the new file."""
+    """Rewrites a JSON-lines file keeping only the well-formed lines whose "step" is <= `max_step`.
+
+    Atomic: a crash leaves the old or the new file.
+
+    Args:
+        path: the file (nothing happens if it does not exist).
+        max_step: the last step to keep.
+
+    Returns:
+        The number of lines dropped.
+    """
     if not os.path.exists(path):
         return 0
     kept, dropped = [], 0
@@ -46,13 +55,21 @@ def truncate_jsonl(path: str, max_step: int) -> int:
 
 
 def scalars(metrics: dict) -> dict:
-    """The entries of `metrics` that are single real numbers (bools excluded)."""
+    """The entries of `metrics` that are single real numbers (bools excluded), as floats."""
     return {k: float(v) for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 class MetricsLog:
-    """metrics.jsonl (+ TensorBoard when `tensorboard`) in `output_dir`; `output_dir=None`: no-op."""
+    """Appends each logged step's metrics to `output_dir`/metrics.jsonl and, optionally, TensorBoard.
+
+    Args:
+        output_dir: the run's directory (created if needed); None makes every method a no-op.
+        resume_step: the step the run (re)starts from (None: 0): metrics.jsonl lines past it, left by a
+            killed or earlier run, are dropped first, and TensorBoard hides the old events past it.
+        tensorboard: also write TensorBoard event files under `output_dir`/tb (tensorboardX).
+        flush_secs: how often TensorBoard flushes its events, in seconds.
+    """
 
     def __init__(self, output_dir: Optional[str], *, resume_step: Optional[int] = None, tensorboard: bool = True,
                  flush_secs: int = 10):
@@ -71,6 +88,12 @@ class MetricsLog:
                                      flush_secs=flush_secs)
 
     def write(self, step: int, metrics: dict) -> None:
+        """Writes one JSON line `{**metrics, "step": step}` and one TensorBoard scalar per real number.
+
+        Args:
+            step: the step the metrics belong to.
+            metrics: {name: value}; JSON-able (non-scalar values appear in metrics.jsonl only).
+        """
         if self._file is not None:
             self._file.write(json.dumps(dict(metrics, step=int(step)), allow_nan=True) + "\n")
             self._file.flush()
@@ -79,11 +102,8 @@ class MetricsLog:
                 if tag != "step":
                     self._tb.add_scalar(tag, value, global_step=int(step))
 
-    def write_text(self, tag: str, text: str, step: int = 0) -> None:
-        if self._tb is not None:
-            self._tb.add_text(tag, text, global_step=step)
-
     def close(self) -> None:
+        """Closes the files (further writes are dropped)."""
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -97,8 +117,15 @@ def _fmt(x: float) -> str:
 
 
 class Progress:
-    """Progress display. "bar": a tqdm bar with meta-loss, inner steps/s and ETA; "log": one plain
-    line per `update(..., metrics)` on stderr (for log files); "none": silent."""
+    """Progress display of the outer steps, showing meta-loss, inner steps/s and dropped estimates.
+
+    Args:
+        mode: "bar": a tqdm bar (with ETA); "log": one plain line with an ETA on stderr per
+            `update(..., metrics)` (for log files); "none": silent.
+        total: the step the run trains to.
+        initial: the step it starts from.
+        desc: the bar's label.
+    """
 
     def __init__(self, mode: str, total: int, initial: int = 0, desc: str = "outer"):
         if mode not in ("bar", "log", "none"):
@@ -111,6 +138,12 @@ class Progress:
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
 
     def update(self, n: int = 1, metrics: Optional[dict] = None) -> None:
+        """Advances by `n` steps; with `metrics` (a logged step), shows them.
+
+        Args:
+            n: steps taken since the last update.
+            metrics: the logged metrics ("meta_loss", "inner_steps_per_s", "num_dropped_total" are shown), or None.
+        """
         self.n += n
         if self._bar is not None:
             if metrics:
@@ -127,13 +160,23 @@ class Progress:
                   f"dropped={int(metrics.get('num_dropped_total', 0))} eta={eta:.0f}s", file=sys.stderr, flush=True)
 
     def close(self) -> None:
+        """Closes the tqdm bar (if any)."""
         if self._bar is not None:
             self._bar.close()
 
 
 def read_event_scalars(logdir: str) -> dict:
-    """{tag: [(step, value), ...]} from the TensorBoard event files under `logdir`, read with
-    tensorboardX's protobufs (TFRecord framing; CRCs not checked). For tests and quick looks."""
+    """The scalars of the TensorBoard event files under `logdir`, for tests and quick looks.
+
+    Read with tensorboardX's protobufs (TFRecord framing; CRCs not checked); a record cut short by
+    a kill ends its file.
+
+    Args:
+        logdir: a directory searched recursively for "tfevents" files.
+
+    Returns:
+        {tag: [(step, value), ...]} in file and record order.
+    """
     import struct as _struct
 
     from tensorboardX.proto import event_pb2

@@ -33,18 +33,39 @@ BATCH_AXIS = "batch"
 
 @struct.dataclass
 class TrainState:
+    """The state of training one model with an optax transform.
+
+    Attributes:
+        params: the model's parameters.
+        model_state: its non-trained state (e.g. batch-norm statistics).
+        opt_state: the optax transform's state.
+        ema_params: a params-shaped exponential moving average of params, or None without EMA.
+        step: int32 []: steps taken.
+        key: the PRNG key the next step draws from (when `train_step` is given none).
+    """
     params: Any
     model_state: Any
     opt_state: Any
-    ema_params: Any  # params-shaped EMA, or None without EMA
-    step: jax.Array  # int32 []: steps taken
-    key: jax.Array  # PRNG key for the next step
+    ema_params: Any
+    step: jax.Array
+    key: jax.Array
 
 
 def init_train_state(task: Task, tx: optax.GradientTransformation, key: jax.Array, *,
                      ema: bool = False, step_key: Optional[jax.Array] = None) -> TrainState:
-    """Params from `task.init_with_state(key)`, optimizer state and (optionally) the EMA; the state
-    carries `step_key` (default: derived from `key`) for steps that draw their own keys."""
+    """The state before the first step: params from `task.init_with_state(key)`, the optimizer's state
+    and (optionally) the EMA.
+
+    Args:
+        task: the Task to train.
+        tx: the optax transform.
+        key: PRNG key for the task's init.
+        ema: whether to keep an EMA of params (starting at the initial params).
+        step_key: the key steps draw from when given none (default: `fold_in(key, 1)`).
+
+    Returns:
+        A TrainState at step 0.
+    """
     params, model_state = task.init_with_state(key)
     step_key = jax.random.fold_in(key, 1) if step_key is None else step_key
     return TrainState(params, model_state, tx.init(params), params if ema else None,
@@ -52,7 +73,18 @@ def init_train_state(task: Task, tx: optax.GradientTransformation, key: jax.Arra
 
 
 def apply_tx(tx: optax.GradientTransformation, grads: Any, opt_state: Any, params: Any, loss: jax.Array):
-    """`tx.update` with `loss=` for transforms that take extra args (learned optimizers)."""
+    """`tx.update(grads, opt_state, params)`, with `loss=` for transforms that take extra args.
+
+    Args:
+        tx: an optax transform; a GradientTransformationExtraArgs (e.g. a learned optimizer) also gets `loss`.
+        grads: the gradients.
+        opt_state: tx's state.
+        params: the current params.
+        loss: the loss at params.
+
+    Returns:
+        (updates, new opt_state).
+    """
     if isinstance(tx, optax.GradientTransformationExtraArgs):
         return tx.update(grads, opt_state, params, loss=loss)
     return tx.update(grads, opt_state, params)
@@ -61,9 +93,23 @@ def apply_tx(tx: optax.GradientTransformation, grads: Any, opt_state: Any, param
 def train_step(task: Task, tx: optax.GradientTransformation, state: TrainState, data: Any,
                key: Optional[jax.Array] = None, *, ema_decay: Optional[float] = None,
                batch_sharding: Optional[NamedSharding] = None, split: str = "train") -> tuple[TrainState, jax.Array]:
-    """One step: batch from `data` (None for data-free tasks), grad, optax update, EMA.
-    The step's randomness comes from `key`, or (None) from `state.key`, which then advances.
-    Returns (new state, the step's train loss [])."""
+    """One training step: a batch, the gradient, the optax update and the EMA update.
+
+    ema' = ema_decay · ema + (1 − ema_decay) · params' (when the state has an EMA and `ema_decay` is set).
+
+    Args:
+        task: the Task.
+        tx: the optax transform.
+        state: the TrainState before the step.
+        data: the DataSource batches come from (None for data-free tasks).
+        key: the step's randomness; None draws it from `state.key`, which then advances.
+        ema_decay: the EMA's decay, or None for no EMA update.
+        batch_sharding: a sharding constraint for the batch (data parallelism), or None.
+        split: the data split batches come from.
+
+    Returns:
+        (new state, the step's train loss []).
+    """
     next_key = state.key
     if key is None:
         next_key, key = jax.random.split(state.key)
@@ -83,7 +129,20 @@ def train_step(task: Task, tx: optax.GradientTransformation, state: TrainState, 
 
 def eval_loss(task: Task, params: Any, model_state: Any, data: Any, key: jax.Array, split: str = "test",
               num_batches: int = 8) -> jax.Array:
-    """Mean loss over `num_batches` batches of `split` (the loss itself for data-free tasks)."""
+    """Mean loss over `num_batches` batches of `split` (the loss itself for data-free tasks).
+
+    Args:
+        task: the Task.
+        params: its params.
+        model_state: its model state.
+        data: the DataSource, or None for data-free tasks.
+        key: PRNG key for the batches and the loss.
+        split: the data split.
+        num_batches: batches averaged over.
+
+    Returns:
+        float [].
+    """
     if data is None:
         return task.loss_with_state(params, model_state, key, None)[0]
     keys = jax.random.split(key, num_batches)
@@ -91,7 +150,17 @@ def eval_loss(task: Task, params: Any, model_state: Any, data: Any, key: jax.Arr
 
 
 def as_task(task_or_model: Any, loss_fn: Optional[Callable] = None, data: Any = None, **adapter_kwargs) -> Task:
-    """A Task as is; a flax module (linen or nnx constructor) or haiku function via the adapters."""
+    """A Task as is; a flax module (linen or nnx constructor) or haiku function via the adapters.
+
+    Args:
+        task_or_model: a tasks.Task, a flax linen Module, an nnx constructor or a haiku function.
+        loss_fn: the model's loss (required for a model; see `tasks.task_from_flax` / `task_from_haiku`).
+        data: the DataSource (required for a model).
+        **adapter_kwargs: passed to the adapter.
+
+    Returns:
+        A Task.
+    """
     if isinstance(task_or_model, Task):
         return task_or_model
     if loss_fn is None or data is None:
@@ -110,8 +179,16 @@ def as_task(task_or_model: Any, loss_fn: Optional[Callable] = None, data: Any = 
 
 
 def data_parallel_sharding(data: Any, devices: Optional[Sequence[jax.Device]] = None) -> Optional[NamedSharding]:
-    """A batch-axis NamedSharding over the local devices, or None with one device, no data, or a
-    batch size the device count does not divide."""
+    """A batch-axis NamedSharding for data parallelism, or None when it does not apply.
+
+    Args:
+        data: the DataSource (None: no data, no sharding).
+        devices: the devices (default: all local ones).
+
+    Returns:
+        A NamedSharding over a 1-D mesh on axis BATCH_AXIS, or None with fewer than two devices, no
+        data, or a batch size the device count does not divide.
+    """
     devices = list(jax.local_devices() if devices is None else devices)
     if len(devices) < 2 or data is None or getattr(data, "batch_size", 0) % len(devices):
         return None
@@ -119,10 +196,18 @@ def data_parallel_sharding(data: Any, devices: Optional[Sequence[jax.Device]] = 
 
 
 class TrainResult(NamedTuple):
+    """What `train_model` returns.
+
+    Attributes:
+        state: the final TrainState.
+        losses: float32 [num_steps]: the train loss of every step.
+        eval_loss: mean loss on `eval_split` after training (with params).
+        ema_eval_loss: the same with the EMA params when `ema_decay` is set, else None.
+    """
     state: TrainState
-    losses: np.ndarray  # float32 [num_steps]: train loss of every step
-    eval_loss: float  # mean loss on eval_split after training (params)
-    ema_eval_loss: Optional[float]  # the same with the EMA params, when ema_decay is set
+    losses: np.ndarray
+    eval_loss: float
+    ema_eval_loss: Optional[float]
 
 
 def _run_chunk(task, tx, ema_decay, sharding, state, data, num):
@@ -136,11 +221,32 @@ def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num
                 eval_split: str = "test", eval_batches: int = 8, checkpoint_dir: Optional[str] = None,
                 checkpoint_every: Optional[int] = None, keep: int = 2,
                 devices: Optional[Sequence[jax.Device]] = None) -> TrainResult:
-    """Trains for `num_steps` steps of `optimizer` (any optax transform; learned ones get `loss=`).
+    """Trains a model for `num_steps` steps of `optimizer` (any optax transform; learned ones get `loss=`).
 
-    `data` defaults to the task's own. With `checkpoint_dir`, the TrainState and losses are saved
-    every `checkpoint_every` steps (and at the end) and a re-run resumes from the latest one, giving
-    the same result as an uninterrupted run. Data parallel over `devices` (default: all local).
+    Steps run in jitted `lax.scan` chunks; with more than one device, data parallel (batch sharded,
+    params replicated). With `checkpoint_dir`, the TrainState and losses are saved every
+    `checkpoint_every` steps (and at the end) and a re-run resumes from the latest one, giving the
+    same result as an uninterrupted run.
+
+    Args:
+        task_or_model: a tasks.Task, or a model for `as_task` (with `loss_fn` and `data`).
+        optimizer: the optax transform.
+        num_steps: training steps (>= 0).
+        loss_fn: the model's loss (models only).
+        data: the DataSource (default: the task's own).
+        seed: seed of the run's key (when `key` is None).
+        key: the run's PRNG key (init, steps and evaluation keys are split from it).
+        ema_decay: keep an EMA of params with this decay (None: no EMA).
+        chunk_size: steps per jitted chunk.
+        eval_split: the data split of the final evaluation.
+        eval_batches: batches the final evaluation averages over.
+        checkpoint_dir: where to checkpoint and resume (None: no checkpoints).
+        checkpoint_every: steps between checkpoints (None: only at the end).
+        keep: checkpoints kept.
+        devices: devices for data parallelism (default: all local).
+
+    Returns:
+        A TrainResult.
     """
     if num_steps < 0:
         raise ValueError(f"num_steps must be >= 0, got {num_steps}")
@@ -156,12 +262,11 @@ def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num
         data = jax.device_put(data, replicated)
     losses = np.full((num_steps,), np.nan, np.float32)
 
-    mgr = None
+    mgr, meta = None, {"kind": "train_model", "num_steps": int(num_steps)}
     if checkpoint_dir is not None:
         mgr = CheckpointManager(checkpoint_dir, CheckpointPolicy(every_steps=checkpoint_every, every_seconds=None,
                                                                  keep=keep))
-        found = mgr.restore_latest({"state": state, "losses": losses},
-                                   expect={"kind": "train_model", "num_steps": int(num_steps)})
+        found = mgr.restore_latest({"state": state, "losses": losses}, expect=meta)
         if found is not None:
             restored = found[0]
             state, losses = restored["state"], np.array(restored["losses"])
@@ -179,7 +284,7 @@ def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num
         losses[step:step + n] = np.asarray(chunk_losses)
         step += n
         if mgr is not None and (step == num_steps or (checkpoint_every and step % checkpoint_every == 0)):
-            mgr.save(step, {"state": state, "losses": losses}, meta={"kind": "train_model", "num_steps": int(num_steps)})
+            mgr.save(step, {"state": state, "losses": losses}, meta=meta)
 
     evaluate = jax.jit(lambda p, ms, d, k: eval_loss(task, p, ms, d, k, eval_split, eval_batches))
     final = float(evaluate(state.params, state.model_state, data, k_eval))

@@ -6,8 +6,9 @@ compile separately. Level 2 (device, jittable): that family's `sample(key)` draw
 (init scale, activation, noise, …) that never trigger recompilation.
 
 `sample_task_family(seed)` draws a sampler, then a family (optionally augmented).
-`FamilySchedule(every, seed)` is the outer loop's hook: `schedule(outer_step)` returns the
-family to train on, re-sampled every `every` outer steps, deterministic in the seed.
+`sample_family_for_period(seed, period)` is the same draw made deterministic per period of an
+`outer_trainers.EstimatorSchedule`: its `make(period)` calls it to train on a new family every
+`every` outer steps, and a resumed run draws the same family again.
 """
 from __future__ import annotations
 
@@ -30,7 +31,15 @@ OFFLINE_IMAGE_DATASETS = ("digits", "signals1d")  # need no files
 
 
 def host_rng(seed: Seed) -> np.random.Generator:
-    """A numpy Generator from an int, a Generator (returned as is) or a jax PRNG key."""
+    """The numpy Generator a host-side sampler draws from.
+
+    Args:
+        seed: an int, a numpy Generator (returned as is, so samplers can share one) or a jax PRNG key
+            (typed or raw uint32 key data).
+
+    Returns:
+        A numpy Generator, deterministic in `seed`.
+    """
     if isinstance(seed, np.random.Generator):
         return seed
     if isinstance(seed, jax.Array):
@@ -45,8 +54,16 @@ def _pick(rng: np.random.Generator, options: Sequence[Any]) -> Any:
 
 
 def sample_image_mlp(seed: Seed, *, datasets: Sequence[str] = OFFLINE_IMAGE_DATASETS) -> ImageMLPFamily:
-    """Depth 1–3, widths in {16, 32, 64, 128}, batch in {32, 64, 128}, norm in {none, layer, batch},
-    3 of 4 activations; dataset from `datasets` (add "mnist", "fashion_mnist", … when present)."""
+    """An MLP image-classification family: depth 1–3, widths in {16, 32, 64, 128}, batch in
+    {32, 64, 128}, norm in {none, layer, batch}, 3 of 4 activations.
+
+    Args:
+        seed: the draw's seed (see `host_rng`).
+        datasets: the datasets to choose from (add "mnist", "fashion_mnist", … when present).
+
+    Returns:
+        An ImageMLPFamily.
+    """
     rng = host_rng(seed)
     depth = int(rng.integers(1, 4))
     widths = tuple(int(w) for w in rng.choice([16, 32, 64, 128], depth))
@@ -56,7 +73,16 @@ def sample_image_mlp(seed: Seed, *, datasets: Sequence[str] = OFFLINE_IMAGE_DATA
 
 
 def sample_conv(seed: Seed, *, datasets: Sequence[str] = OFFLINE_IMAGE_DATASETS) -> ConvFamily:
-    """1–3 strided conv layers of {8, 16, 32} channels, kernel 3 or 5, batch in {32, 64}."""
+    """A conv-net image-classification family: 1–3 strided conv layers of {8, 16, 32} channels,
+    kernel 3 or 5, batch in {32, 64}.
+
+    Args:
+        seed: the draw's seed (see `host_rng`).
+        datasets: the datasets to choose from.
+
+    Returns:
+        A ConvFamily.
+    """
     rng = host_rng(seed)
     depth = int(rng.integers(1, 4))
     channels = tuple(int(c) for c in rng.choice([8, 16, 32], depth))
@@ -65,7 +91,15 @@ def sample_conv(seed: Seed, *, datasets: Sequence[str] = OFFLINE_IMAGE_DATASETS)
 
 
 def sample_quadratic(seed: Seed) -> QuadraticFamily:
-    """dim in {2, 10, 50, 100}, max curvature in {1, 10, 100}, gradient noise in {0, 0.1, 1}."""
+    """A normalised quadratic family: dim in {2, 10, 50, 100}, max curvature in {1, 10, 100},
+    gradient noise in {0, 0.1, 1}.
+
+    Args:
+        seed: the draw's seed (see `host_rng`).
+
+    Returns:
+        A QuadraticFamily.
+    """
     rng = host_rng(seed)
     return QuadraticFamily(_pick(rng, (2, 10, 50, 100)), min_curvature=0.1,
                            max_curvature=_pick(rng, (1.0, 10.0, 100.0)), noise_std=_pick(rng, (0.0, 0.1, 1.0)),
@@ -73,20 +107,42 @@ def sample_quadratic(seed: Seed) -> QuadraticFamily:
 
 
 def sample_linear_regression(seed: Seed) -> LinearRegressionFamily:
-    """dim in {5, 20, 50}, batch in {16, 64}, condition number in {1, 10, 100}."""
+    """A linear-regression family: dim in {5, 20, 50}, batch in {16, 64}, condition number in {1, 10, 100}.
+
+    Args:
+        seed: the draw's seed (see `host_rng`).
+
+    Returns:
+        A LinearRegressionFamily (its data seed drawn too).
+    """
     rng = host_rng(seed)
     return LinearRegressionFamily(_pick(rng, (5, 20, 50)), batch_size=_pick(rng, (16, 64)),
                                   condition=_pick(rng, (1.0, 10.0, 100.0)), seed=int(rng.integers(2 ** 31)))
 
 
 def sample_function2d(seed: Seed) -> Function2DFamily:
-    """Rosenbrock, Himmelblau or Beale with jittered starts (debugging only; not in the default mix)."""
+    """Rosenbrock, Himmelblau or Beale with jittered starts (debugging only; not in the default mix).
+
+    Args:
+        seed: the draw's seed (see `host_rng`).
+
+    Returns:
+        A Function2DFamily.
+    """
     return Function2DFamily(_pick(host_rng(seed), ("rosenbrock", "himmelblau", "beale")))
 
 
 def sample_byte_lm(seed: Seed, *, dataset: Union[str, Any]) -> ByteLMFamily:
-    """Transformer (d_model {16, 32}, 1–2 layers) or LSTM (hidden {32, 64}) on a text dataset
-    ("text:PATH" or a DataSource from `byte_sequences`), batch in {8, 16}."""
+    """A byte-level language-model family: a transformer (d_model {16, 32}, 1–2 layers) or an LSTM
+    (hidden {32, 64}), batch in {8, 16}.
+
+    Args:
+        seed: the draw's seed (see `host_rng`).
+        dataset: the text dataset: "text:PATH" or a DataSource from `byte_sequences`.
+
+    Returns:
+        A ByteLMFamily.
+    """
     rng = host_rng(seed)
     bs = _pick(rng, (8, 16))
     if rng.random() < 0.5:
@@ -96,7 +152,16 @@ def sample_byte_lm(seed: Seed, *, dataset: Union[str, Any]) -> ByteLMFamily:
 
 
 def sample_augmentation(seed: Seed, family: TaskFamily) -> TaskFamily:
-    """Wraps `family` in 0–2 random augmentations (see tasks.augment)."""
+    """`family` wrapped in 0–2 random augmentations (see tasks.augment): parameter rescaling, gradient
+    noise, normalisation by the initial loss, and (for batch sizes >= 16) a quarter batch size.
+
+    Args:
+        seed: the draw's seed (see `host_rng`).
+        family: the TaskFamily to augment.
+
+    Returns:
+        The augmented TaskFamily (`family` itself when 0 augmentations are drawn).
+    """
     rng = host_rng(seed)
     options: list[Callable[[TaskFamily], TaskFamily]] = [
         lambda f: augment.ScaleReparam(f, (0.1, 10.0)),
@@ -116,7 +181,17 @@ DEFAULT_SAMPLERS: tuple[Callable[[Seed], TaskFamily], ...] = (
 
 def sample_task_family(seed: Seed, samplers: Sequence[Callable[[Seed], TaskFamily]] = DEFAULT_SAMPLERS, *,
                        augment_prob: float = 0.0) -> TaskFamily:
-    """One TaskFamily from a uniformly chosen sampler; augmented with probability `augment_prob`."""
+    """One TaskFamily from a uniformly chosen sampler, augmented with probability `augment_prob`.
+
+    Args:
+        seed: the draw's seed (see `host_rng`); the sampler and augmentation draw from the same Generator.
+        samplers: `sampler(rng) -> TaskFamily` functions to choose from (default: image MLP, conv,
+            quadratic, linear regression).
+        augment_prob: probability of wrapping the family with `sample_augmentation`.
+
+    Returns:
+        A TaskFamily.
+    """
     if not samplers:
         raise ValueError("sample_task_family needs at least one sampler")
     rng = host_rng(seed)
@@ -126,25 +201,21 @@ def sample_task_family(seed: Seed, samplers: Sequence[Callable[[Seed], TaskFamil
     return family
 
 
-class FamilySchedule:
-    """Outer-loop hook: `schedule(outer_step)` is the family for that step, re-drawn with
-    `sampler(seed_k)` at k = outer_step // every (cached; same seed, same sequence)."""
+def sample_family_for_period(seed: int, period: int,
+                             sampler: Callable[[Seed], TaskFamily] = sample_task_family) -> TaskFamily:
+    """The task family of period `period` of a run seeded `seed`: `sampler` given the numpy Generator
+    seeded with the pair [seed, period].
 
-    def __init__(self, every: int, seed: int = 0, sampler: Callable[[Seed], TaskFamily] = sample_task_family):
-        if every < 1:
-            raise ValueError(f"every must be >= 1, got {every}")
-        self.every, self.seed, self.sampler = int(every), int(seed), sampler
-        self._cache: dict[int, TaskFamily] = {}
+    Deterministic in (seed, period), so an `EstimatorSchedule`'s `make(period)` can call it and a
+    resumed run rebuilds the family it was training on; different periods draw independently.
 
-    def index(self, outer_step: int) -> int:
-        return int(outer_step) // self.every
+    Args:
+        seed: the run's family seed (an int).
+        period: the schedule period (an int >= 0), e.g. `EstimatorSchedule.period(outer_step)`.
+        sampler: `sampler(rng) -> TaskFamily`, e.g. `sample_task_family` (default) or `sample_quadratic`.
 
-    def changed(self, outer_step: int) -> bool:
-        """True when `outer_step` starts a new family (rebuild estimators then)."""
-        return int(outer_step) % self.every == 0
+    Returns:
+        The TaskFamily `sampler` draws.
+    """
+    return sampler(np.random.default_rng([int(seed), int(period)]))
 
-    def __call__(self, outer_step: int) -> TaskFamily:
-        k = self.index(outer_step)
-        if k not in self._cache:
-            self._cache = {k: self.sampler(np.random.default_rng([self.seed, k]))}
-        return self._cache[k]

@@ -6,6 +6,7 @@ import pytest
 import lopt
 import outer_trainers as ot
 import tasks
+from tasks.families import sample_family_for_period
 
 
 def _make(period):
@@ -49,10 +50,22 @@ def test_make_must_return_estimators():
         ot.EstimatorSchedule(0, _make)
 
 
-def test_family_schedule_feeds_an_estimator_schedule():
-    """tasks.FamilySchedule (host-sampled static configs) plugs into EstimatorSchedule."""
-    fams = tasks.FamilySchedule(every=1, seed=0, sampler=lambda rng: tasks.QuadraticFamily(
-        dim=int(rng.integers(2, 5))))
+def test_schedule_periods_and_cache():
+    made = []
+    sched = ot.EstimatorSchedule(3, lambda k: made.append(k) or _make(k))
+    assert [sched.period(i) for i in range(7)] == [0, 0, 0, 1, 1, 1, 2]
+    assert [sched.resamples_at(i) for i in range(7)] == [False, False, False, True, False, False, True]
+    first = sched(0)
+    assert sched(2) is first and sched(3) is not first and made == [0, 1]  # built once per period
+    # a state after s steps holds the estimators of step s - 1 (of step 0 before the first step)
+    assert sched.estimators_of_state(0) is sched(0) and sched.estimators_of_state(3) is sched(2)
+    assert sched.estimators_of_state(4)[0].truncated_step.task_family.dim == 3
+
+
+def test_sampled_families_feed_an_estimator_schedule():
+    """tasks.families.sample_family_for_period (host-sampled static configs) plugs into EstimatorSchedule."""
+    sampler = lambda rng: tasks.QuadraticFamily(dim=int(rng.integers(2, 5)))
     sched = ot.EstimatorSchedule(1, lambda k: [ot.TruncatedES(
-        ot.LOptTruncatedStep(fams(k), lopt.LearnableSGD(0.05), ot.ConstantTruncationSchedule(4)), 2, 2, std=0.05)])
-    assert sched(3)[0].truncated_step.task_family is fams(3)
+        ot.LOptTruncatedStep(sample_family_for_period(0, k, sampler), lopt.LearnableSGD(0.05),
+                             ot.ConstantTruncationSchedule(4)), 2, 2, std=0.05)])
+    assert sched(3)[0].truncated_step.task_family.name == sample_family_for_period(0, 3, sampler).name

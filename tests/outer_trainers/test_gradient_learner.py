@@ -7,6 +7,7 @@ import pytest
 
 import lopt
 import outer_trainers as ot
+from outer_trainers.gradient_learner import PER_ESTIMATE
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,18 @@ def test_all_dropped_leaves_theta_unchanged(learner):
     new, m = learner.update(state, [_est(state.theta, np.nan)])
     chex.assert_trees_all_equal(new.theta, state.theta)
     assert int(new.step) == 0 and int(m["num_dropped"]) == 1
+
+
+def test_per_estimate_metrics_are_one_dict_per_estimate(learner):
+    state = learner.init(jax.random.key(0))
+    est = ot.Estimate(grad=jax.tree_util.tree_map(jnp.zeros_like, state.theta), loss=jnp.asarray(np.nan, jnp.float32),
+                      metrics={"resets": jnp.asarray(3, jnp.int32)})
+    _, m = learner.update(state, [_est(state.theta, 1.0, loss=2.0), est])
+    per = m[PER_ESTIMATE]
+    assert isinstance(per, tuple) and len(per) == 2
+    assert set(per[0]) == {"meta_loss"} and set(per[1]) == {"meta_loss", "resets"}
+    assert float(per[0]["meta_loss"]) == 2.0 and np.isnan(float(per[1]["meta_loss"])) and int(per[1]["resets"]) == 3
+    assert float(m["meta_loss"]) == 2.0  # the dropped estimate's loss is not averaged in
 
 
 def test_update_compiles_once(learner, compile_counter):

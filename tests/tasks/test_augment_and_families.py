@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tasks
+from tasks.families import sample_family_for_period
 from tasks.functions2d import FUNCTIONS
 
 
@@ -75,13 +76,13 @@ def test_host_samplers_are_deterministic_and_varied():
     assert any(k in n for n in aug for k in ("reparam", "gradnoise", "initnorm", "_bs"))
 
 
-def test_family_schedule_hook():
-    sched = tasks.FamilySchedule(every=3, seed=7, sampler=tasks.sample_quadratic)
-    fams = [sched(i) for i in range(7)]
-    assert fams[0] is fams[1] is fams[2] and fams[3] is fams[5] and fams[3] is not fams[2]
-    assert [sched.changed(i) for i in range(7)] == [True, False, False, True, False, False, True]
-    again = tasks.FamilySchedule(every=3, seed=7, sampler=tasks.sample_quadratic)
-    assert again(4).name == fams[4].name
+def test_family_for_period_is_deterministic_per_seed_and_period():
+    fams = [sample_family_for_period(7, k, tasks.sample_quadratic) for k in range(6)]
+    assert [f.name for f in fams] == [sample_family_for_period(7, k, tasks.sample_quadratic).name for k in range(6)]
+    assert len({f.name for f in fams}) > 1
+    # the draw is the sampler given numpy's Generator seeded with [seed, period]
+    assert fams[4].name == tasks.sample_quadratic(np.random.default_rng([7, 4])).name
+    assert sample_family_for_period(0, 2).name == tasks.sample_task_family(np.random.default_rng([0, 2])).name
 
 
 def test_classic_functions_minima():

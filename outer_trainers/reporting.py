@@ -1,0 +1,194 @@
+"""Reporting an outer-training run: each step's metrics, named per estimator, to the progress
+display, metrics.jsonl and TensorBoard; warnings about dropped estimates; periodic meta-evaluation.
+
+    with Reporter(output_dir, start=s, target=n, progress="bar", totals=restored_totals) as reporter:
+        for step in range(s + 1, n + 1):
+            state, metrics = ...                                  # GradientLearner.update's metrics
+            logged = reporter.report(step, metrics, labels=estimator_labels(ests),
+                                     inner_steps=sum(e.inner_steps_per_estimate for e in ests), theta=theta)
+            save_checkpoint(step, state, reporter.totals(), logged)
+
+`report` needs no loop around it: a learner fed by remote workers reports the same way as
+`outer_train`, given the labels of the estimates it applied.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+from typing import Any, Callable, Optional, Sequence, Union
+
+import jax
+import numpy as np
+
+from outer_trainers.estimators.gradient_estimator import GradientEstimator
+from outer_trainers.gradient_learner import PER_ESTIMATE
+from outer_trainers.summaries import MetricsLog, Progress
+
+logger = logging.getLogger("outer_trainers")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTotals:
+    """What a run accumulates over all its sessions (stored in checkpoints, restored on resume).
+
+    Attributes:
+        elapsed_s: seconds spent training, summed over sessions.
+        num_dropped_total: non-finite estimates dropped from updates so far.
+    """
+    elapsed_s: float = 0.0
+    num_dropped_total: int = 0
+
+    def as_meta(self) -> dict:
+        """The totals as checkpoint metadata entries: {"elapsed_s": ..., "num_dropped_total": ...}."""
+        return {"elapsed_s": self.elapsed_s, "num_dropped_total": self.num_dropped_total}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> RunTotals:
+        """The totals stored in a checkpoint's metadata (zero where absent).
+
+        Args:
+            meta: a checkpoint's metadata, as written with `as_meta()` entries.
+
+        Returns:
+            A RunTotals.
+        """
+        return cls(float(meta.get("elapsed_s", 0.0)), int(meta.get("num_dropped_total", 0)))
+
+
+def estimator_labels(estimators: Sequence[GradientEstimator]) -> list[str]:
+    """The names under which per-estimate metrics are logged, e.g. "meta_loss/TruncatedPES/quadratic_dim4".
+
+    Args:
+        estimators: the estimators of an outer step, in the order of their estimates.
+
+    Returns:
+        One label per estimator: "<estimator class>/<its truncated step's name>" (for a
+        LOptTruncatedStep, the task family's name), with "_<index>" appended when two coincide.
+    """
+    labels = [f"{type(e).__name__}/{e.truncated_step.name}" for e in estimators]
+    return [lab if labels.count(lab) == 1 else f"{lab}_{i}" for i, lab in enumerate(labels)]
+
+
+def _python(value: Any) -> Any:
+    value = np.asarray(value)
+    return value.item() if value.size == 1 else value.tolist()
+
+
+def name_metrics(metrics: dict, labels: Sequence[str]) -> dict:
+    """A learner's metrics as one flat dict of Python numbers, the per-estimate ones named by label.
+
+    Args:
+        metrics: `GradientLearner.update`'s metrics: combined scalars, and under PER_ESTIMATE one dict
+            per estimate.
+        labels: one label per estimate (see `estimator_labels`).
+
+    Returns:
+        {name: number (or list for a non-scalar)}: the combined metrics under their own names and
+        metric `k` of estimate i under f"{k}/{labels[i]}".
+    """
+    metrics = jax.device_get(metrics)
+    per_estimate = metrics.get(PER_ESTIMATE, ())
+    if len(per_estimate) != len(labels):
+        raise ValueError(f"{len(labels)} labels for {len(per_estimate)} estimates")
+    named = {k: _python(v) for k, v in metrics.items() if k != PER_ESTIMATE}
+    for label, estimate_metrics in zip(labels, per_estimate):
+        named.update({f"{k}/{label}": _python(v) for k, v in estimate_metrics.items()})
+    return named
+
+
+class Reporter:
+    """Reports the outer steps of one training session of a run.
+
+    Every step: the progress display advances, and non-finite estimates the learner dropped are
+    counted and logged (the first as a RuntimeWarning). Every `log_every` steps, at the last step
+    and at meta-evaluation steps: the metrics (named by `name_metrics`, plus "inner_steps_per_s"
+    since the last logged step, "elapsed_s" and "num_dropped_total" over the whole run, and every
+    `eval_every` steps `meta_evaluator(theta)`'s metrics) are written to `output_dir`'s
+    metrics.jsonl and TensorBoard and shown by the progress display. Use it as a context manager
+    (or call `close`) so the files are closed.
+
+    Args:
+        output_dir: where metrics.jsonl and tb/ go; None writes no files.
+        start: outer steps the run had taken when this session started (metrics.jsonl lines past it,
+            left by a killed session, are dropped).
+        target: the step this session trains to.
+        progress: True or "bar" (tqdm), "log" (plain lines on stderr, for log files), False or "none".
+        log_every: log every this many steps (>= 1).
+        tensorboard: also write TensorBoard event files.
+        meta_evaluator: `meta_evaluator(theta) -> {name: float}` (e.g. a MetaEvaluator), or None.
+        eval_every: run `meta_evaluator` every this many steps (0: never).
+        totals: the run's totals before this session (from its checkpoint; zero for a new run).
+    """
+
+    def __init__(self, output_dir: Optional[str], *, start: int, target: int, progress: Union[bool, str] = True,
+                 log_every: int = 1, tensorboard: bool = True,
+                 meta_evaluator: Optional[Callable[[Any], dict]] = None, eval_every: int = 0,
+                 totals: RunTotals = RunTotals()):
+        if log_every < 1:
+            raise ValueError(f"log_every must be >= 1, got {log_every}")
+        self.target, self.log_every = target, log_every
+        self.meta_evaluator, self.eval_every = meta_evaluator, eval_every
+        self._elapsed0, self._dropped_total = totals.elapsed_s, totals.num_dropped_total
+        self._log = MetricsLog(output_dir, resume_step=start, tensorboard=tensorboard)
+        self._bar = Progress({True: "bar", False: "none"}.get(progress, progress), total=max(target, start),
+                             initial=start)
+        self._t_start = self._t_logged = time.perf_counter()
+        self._inner_steps = 0  # since the last logged step
+
+    def report(self, step: int, metrics: dict, *, labels: Sequence[str], inner_steps: int,
+               theta: Any = None) -> Optional[dict]:
+        """Reports outer step `step` (1-based: the number of steps taken after it).
+
+        Args:
+            step: outer steps taken, this one included.
+            metrics: the learner's metrics of this step (`GradientLearner.update`).
+            labels: one label per estimate in `metrics` (see `estimator_labels`).
+            inner_steps: inner steps this outer step ran over all its estimates (for the throughput).
+            theta: theta after the step, for `meta_evaluator` (needed only at evaluation steps).
+
+        Returns:
+            The logged metrics as a flat dict of Python numbers, or None when this step is not logged.
+        """
+        self._inner_steps += inner_steps
+        self._count_dropped(step, int(metrics["num_dropped"]), len(labels))
+        evaluate = self.meta_evaluator is not None and self.eval_every > 0 and step % self.eval_every == 0
+        logged = None
+        if step % self.log_every == 0 or step == self.target or evaluate:
+            now = time.perf_counter()
+            logged = name_metrics(metrics, labels)
+            logged["inner_steps_per_s"] = self._inner_steps / max(now - self._t_logged, 1e-9)
+            logged["elapsed_s"] = self._elapsed0 + now - self._t_start
+            logged["num_dropped_total"] = self._dropped_total
+            self._t_logged, self._inner_steps = now, 0
+            if evaluate:
+                logged.update(self.meta_evaluator(theta))
+            self._log.write(step, logged)
+        self._bar.update(1, logged)
+        return logged
+
+    def _count_dropped(self, step: int, dropped: int, num_estimates: int) -> None:
+        if not dropped:
+            return
+        self._dropped_total += dropped
+        msg = (f"outer step {step}: {dropped} of {num_estimates} estimates had a non-finite meta-loss "
+               f"or gradient and were dropped from the update ({self._dropped_total} so far)")
+        logger.warning(msg)
+        if self._dropped_total == dropped:
+            warnings.warn(msg, RuntimeWarning)
+
+    def totals(self) -> RunTotals:
+        """The run's totals now (elapsed time over all sessions, dropped estimates), for a checkpoint."""
+        return RunTotals(self._elapsed0 + time.perf_counter() - self._t_start, self._dropped_total)
+
+    def close(self) -> None:
+        """Closes the progress display and the metrics files."""
+        self._bar.close()
+        self._log.close()
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
