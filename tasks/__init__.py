@@ -7,7 +7,8 @@ from tasks.base import (Task, TaskFamily, accuracy, classification_normalizer, s
                         single_task_family, softmax_cross_entropy)
 from tasks.conv import ConvFamily, ConvTask
 from tasks.datasets import DataSource
-from tasks.families import (FamilySchedule, sample_augmentation, sample_byte_lm, sample_conv, sample_function2d,
+from tasks.families import (sample_augmentation, sample_byte_lm, sample_conv, sample_family_for_period,
+                            sample_function2d,
                             sample_image_mlp, sample_linear_regression, sample_quadratic, sample_task_family)
 from tasks.functions2d import Function2DFamily, Function2DTask, RosenbrockTask
 from tasks.image_mlp import ImageMLPFamily, ImageMLPTask
@@ -25,7 +26,7 @@ __all__ = [
     "task_from_haiku", "task_from_flax",
     "ScaleReparam", "ReducedBatchSize", "GradientNoise", "NormalizeByInitialLoss",
     "sample_image_mlp", "sample_conv", "sample_quadratic", "sample_linear_regression", "sample_function2d",
-    "sample_byte_lm", "sample_augmentation", "sample_task_family", "FamilySchedule",
+    "sample_byte_lm", "sample_augmentation", "sample_task_family", "sample_family_for_period",
     "classification_normalizer", "scaled_normalizer", "softmax_cross_entropy", "accuracy",
     "get_dataset", "register_dataset", "dataset_names",
 ]
