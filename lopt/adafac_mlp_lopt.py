@@ -34,21 +34,35 @@ import optax
 
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.learnable_hparams import _logit
-from lopt.nn import dense_init, elementwise_mlp
-
-EPS = 1e-8
+from lopt.nn import elementwise_mlp, logit, per_param_mlp_init, shared_bias
 
 
 class AdafacState(NamedTuple):
-    momenta: Any   # per leaf: float32 [K_m, *p.shape]
-    rms: Any       # per leaf: float32 [*p.shape]
-    fac_row: Any   # per leaf: float32 [K_f, *p.shape[:-1]] (matrices) or [K_f, *p.shape]
-    fac_col: Any   # per leaf: float32 [K_f, *p.shape[:-2], p.shape[-1]] (matrices) or [K_f]
-    iteration: jax.Array  # int32 []
+    """AdafacMLPLOpt's optimizer state (also HyperLOpt's accumulators).
+
+    Attributes:
+      momenta: per leaf, float32 [K_m, *p.shape]: m_k.
+      rms: per leaf, float32 [*p.shape]: v.
+      fac_row: per leaf, float32 [K_f, *p.shape[:-1]] (matrices) or [K_f, *p.shape]: r_j.
+      fac_col: per leaf, float32 [K_f, *p.shape[:-2], p.shape[-1]] (matrices) or [K_f] (unused): c_j.
+      iteration: int32 []: the number of updates so far.
+    """
+    momenta: Any
+    rms: Any
+    fac_row: Any
+    fac_col: Any
+    iteration: jax.Array
 
 
 class LeafAccum(NamedTuple):
+    """The accumulators of one tensor (shapes as the per-leaf fields of `AdafacState`).
+
+    Attributes:
+      m: momenta [K_m, *p.shape].
+      v: second moment [*p.shape].
+      row: factored row moments r_j.
+      col: factored column moments c_j.
+    """
     m: jax.Array
     v: jax.Array
     row: jax.Array
@@ -98,19 +112,19 @@ def leaf_features(g: jax.Array, p: jax.Array, acc: LeafAccum, row_mean: Optional
     `row_mean` [K_f, .., 1]: the mean of acc.row over its last axis, given when g and acc hold
     only a block of the tensor's rows (the row factors are normalised by the whole tensor's)."""
     n_mom, n_fac = acc.m.shape[0], acc.row.shape[0]
-    rsqrt_v = jax.lax.rsqrt(acc.v + EPS)
+    rsqrt_v = jax.lax.rsqrt(acc.v + ft.EPS)
     ms = [acc.m[k] for k in range(n_mom)]
     row_rs, col_rs, fac_rs = [], [], []
     for j in range(n_fac):
         if g.ndim >= 2:
             mean = jnp.mean(acc.row[j], axis=-1, keepdims=True) if row_mean is None else row_mean[j]
             r = acc.row[j] / (mean + 1e-30)
-            rr, cr = jax.lax.rsqrt(r + EPS)[..., None], jax.lax.rsqrt(acc.col[j] + EPS)[..., None, :]
+            rr, cr = jax.lax.rsqrt(r + ft.EPS)[..., None], jax.lax.rsqrt(acc.col[j] + ft.EPS)[..., None, :]
             row_rs.append(rr)
             col_rs.append(cr)
             fac_rs.append(rr * cr)
         else:
-            full = jax.lax.rsqrt(acc.row[j] + EPS)
+            full = jax.lax.rsqrt(acc.row[j] + ft.EPS)
             row_rs.append(full)
             col_rs.append(full)
             fac_rs.append(full)
@@ -163,13 +177,13 @@ def _matrix_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum) -> jax.Arra
     product per base array instead of one pass per feature (28 passes -> ~8):
     Σ_rc x²_rc u²_r w²_c = Σ_r u²_r (X² w²)_r."""
     n = g.size
-    inv_v = 1.0 / (acc.v + EPS)
+    inv_v = 1.0 / (acc.v + ft.EPS)
     m2 = jnp.square(acc.m)
     red = lambda x: jnp.sum(x, axis=tuple(range(x.ndim - g.ndim, x.ndim))) / n  # keeps leading axes
     g2 = jnp.square(g)
     # factors u_j (rows) and w_j (cols) exactly as in leaf_features
     r = acc.row / (jnp.mean(acc.row, axis=-1, keepdims=True) + 1e-30)
-    u2, w2 = 1.0 / (r + EPS), 1.0 / (acc.col + EPS)                     # [K_f, .., r], [K_f, .., c]
+    u2, w2 = 1.0 / (r + ft.EPS), 1.0 / (acc.col + ft.EPS)               # [K_f, .., r], [K_f, .., c]
     if g.ndim == 2:  # row-major matrix products: XLA made a transposed copy of m² for the einsum
         g_fac = (g2 @ w2.T).T                                                 # [K_f, r]
         m_fac = jnp.moveaxis((m2.reshape(-1, g.shape[-1]) @ w2.T).reshape(m2.shape[0], g.shape[0], -1), -1, 1)
@@ -185,41 +199,36 @@ def _matrix_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum) -> jax.Arra
 
 
 def num_leaf_features(n_mom: int, n_fac: int) -> int:
+    """F = 4 + 2·n_mom + 3·n_fac + n_mom·n_fac, the number of features of `leaf_features`."""
     return 2 + 2 * n_mom + 2 + 3 * n_fac + n_mom * n_fac
 
 
-def first_layer_init(key: jax.Array, n_feat: int, n_time: int, n_progress: int, hidden: int) -> dict:
-    """First layer split by input kind: per-parameter rows `w`, step-embedding rows `w_time`,
-    progress rows `w_progress` (only if n_progress > 0)."""
-    first = dense_init(key, n_feat + n_time + n_progress, hidden)
-    layer = {"w": first["w"][:n_feat], "w_time": first["w"][n_feat:n_feat + n_time], "b": first["b"]}
-    if n_progress:
-        layer["w_progress"] = first["w"][n_feat + n_time:]
-    return layer
-
-
-def per_param_mlp_init(key: jax.Array, n_feat: int, n_time: int, n_progress: int, hidden: int,
-                       hidden_layers: int) -> dict:
-    """Theta of a per-parameter MLP: {"input": first_layer_init(...), "hidden_i": dense [H, H]
-    for i in 1..hidden_layers-1, "output": dense [H, 2]}."""
-    keys = jax.random.split(key, hidden_layers + 1)
-    theta = {"input": first_layer_init(keys[0], n_feat, n_time, n_progress, hidden)}
-    for i in range(1, hidden_layers):
-        theta[f"hidden_{i}"] = dense_init(keys[i], hidden, hidden)
-    theta["output"] = dense_init(keys[-1], hidden, 2)
-    return theta
-
-
-def shared_bias(layer: dict, iteration: jax.Array, timescales: Sequence[float], num_steps: Optional[Any]) -> jax.Array:
-    """b + emb(t) W_time (+ progress(t, N) W_progress): the tensor-constant inputs as a bias [H]."""
-    bias = layer["b"] + ft.step_embedding(iteration, timescales) @ layer["w_time"]
-    if "w_progress" in layer:
-        bias = bias + ft.progress_features(iteration, num_steps) @ layer["w_progress"]
-    return bias
+def decay_logits(momentum_decays: Sequence[float], rms_decay: float, adafactor_decays: Sequence[float]) -> dict:
+    """The learned decays' initial theta, {"momentum": [K_m], "rms": [1], "adafactor": [K_f]} (float32):
+    logit(β) of each, so that β = σ(θ) starts at its configured value."""
+    logits = lambda ds: jnp.asarray([logit(d) for d in ds], jnp.float32)
+    return {"momentum": logits(momentum_decays), "rms": logits([rms_decay]), "adafactor": logits(adafactor_decays)}
 
 
 class AdafacMLPLOpt(LearnedOptimizer):
-    """small_fc_lopt: per-parameter MLP (hidden 4) over momentum/RMS/factored features."""
+    """small_fc_lopt: a per-parameter MLP (hidden 4) over momentum/RMS/factored features.
+
+    Accumulators, features and the step Δp = −d · exp(m · exp_mult) · step_mult are in the module
+    docstring. Theta: the per-parameter MLP of `lopt.nn.per_param_mlp_init` (F inputs, 2 outputs)
+    plus "decays": `decay_logits(...)`, every decay learned as β = σ(θ_β).
+
+    Args:
+      hidden_size: H, the width of every hidden layer.
+      hidden_layers: the number of hidden ReLU layers (≥ 1).
+      momentum_decays: the initial momentum decays (K_m ≥ 1).
+      rms_decay: the initial decay of the second moment v.
+      adafactor_decays: the initial decays of the factored second moments (K_f ≥ 1).
+      step_mult: the step's scale.
+      exp_mult: the magnitude output's scale inside exp.
+      timescales: τ of the step embedding tanh(t/τ − 1).
+      use_num_steps: also feed the progress features (min(t/N, 1), log1p(N)/10, 1), N the
+        `num_steps` given to `opt_fn` (zeros when it is None).
+    """
 
     def __init__(self, hidden_size: int = 4, hidden_layers: int = 2,
                  momentum_decays: Sequence[float] = (0.9, 0.99, 0.999), rms_decay: float = 0.999,
@@ -238,6 +247,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
 
     @property
     def num_features(self) -> int:
+        """F, the number of per-parameter features (28 with the default decays)."""
         return num_leaf_features(len(self.momentum_decays), len(self.adafactor_decays))
 
     def config(self) -> dict:
@@ -249,9 +259,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
     def init(self, key: jax.Array) -> dict:
         theta = per_param_mlp_init(key, self.num_features, len(self.timescales),
                                    ft.NUM_PROGRESS if self.use_num_steps else 0, self.hidden_size, self.hidden_layers)
-        logits = lambda ds: jnp.asarray([_logit(d) for d in ds], jnp.float32)
-        theta["decays"] = {"momentum": logits(self.momentum_decays), "rms": logits([self.rms_decay]),
-                           "adafactor": logits(self.adafactor_decays)}
+        theta["decays"] = decay_logits(self.momentum_decays, self.rms_decay, self.adafactor_decays)
         return theta
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
@@ -277,7 +285,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
                 g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
                 acc = accumulate(g32, acc, dec["momentum"], dec["rms"][0], dec["adafactor"])
                 feats = leaf_features(g32, p32, acc)
-                w1 = theta["input"]["w"] * jax.lax.rsqrt(feature_mean_squares(g32, p32, acc) + EPS)[:, None]
+                w1 = theta["input"]["w"] * jax.lax.rsqrt(feature_mean_squares(g32, p32, acc) + ft.EPS)[:, None]
                 d, mag = elementwise_mlp(feats, [(w1, bias)] + rest)
                 step = d * jnp.exp(mag * self.exp_mult) * self.step_mult
                 return jnp.broadcast_to(-step, jnp.shape(p)).astype(jnp.result_type(p)), acc

@@ -24,17 +24,44 @@ _ARCHITECTURES: dict[str, type] = {}
 
 
 class LearnedOptimizer:
-    """Base class. Subclasses implement `init`, `opt_fn` and `config`."""
+    """Base class of learned optimizers (see the module docstring for the protocol).
+
+    Subclasses implement `init`, `opt_fn` and `config`; each subclass is registered by its class
+    name (`architecture`), so saved thetas can rebuild it.
+    """
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         _ARCHITECTURES[cls.__name__] = cls
 
     def init(self, key: jax.Array) -> Theta:
+        """Initial meta-parameters.
+
+        Args:
+          key: PRNG key.
+
+        Returns:
+          theta, a pytree of float32 arrays.
+        """
         raise NotImplementedError
 
     def opt_fn(self, theta: Theta, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        """The optimizer theta defines, as an optax transform.
+
+        Call it as `update(grads, state, params, loss=loss)`: the learned architectures read
+        `params` (and refuse to run without them); `loss=` is optional everywhere. Pure in theta:
+        jax.grad and jax.vmap over theta work through whole unrolls.
+
+        Args:
+          theta: meta-parameters, as from `init`.
+          num_steps: the training horizon N for progress features (may be traced; None: unknown,
+            progress features are zero; architectures without them ignore it).
+          is_training: True while meta-training (no architecture here changes behaviour with it).
+
+        Returns:
+          An `optax.GradientTransformationExtraArgs`.
+        """
         raise NotImplementedError
 
     def config(self) -> dict:
@@ -43,6 +70,7 @@ class LearnedOptimizer:
 
     @property
     def name(self) -> str:
+        """The class name, e.g. "MLPLOpt"."""
         return type(self).__name__
 
     def _key(self) -> tuple:
@@ -67,4 +95,5 @@ def architecture(name: str) -> type:
 
 
 def architectures() -> list[str]:
+    """The names of all registered LearnedOptimizer subclasses, sorted."""
     return sorted(_ARCHITECTURES)

@@ -6,8 +6,11 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
 - `step_embedding(t)`      tanh(t/τ − 1) for τ in timescales                      [T]
 - `progress_features(t, N)` (min(t/N, 1), log1p(N)/10, 1) or zeros if N is None     [3]
 - `loss_features(ℓ, s)`    (has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + 1e-6)))                  [2]
+- `context_features`, `tensor_lstm_inputs`: the inputs of the per-tensor LSTMs (RNNMLPLOpt,
+  NNAdam, HyperLOpt)
 - `block_starts`, `blockwise_map`: full, possibly overlapping blocks of a long axis, for
   per-block work that keeps its temporaries in cache
+- `EPS` (1e-8): added to a second moment before every square root / rsqrt of it
 
 The per-tensor RMS normalisation x_f / rms_f that the architectures apply to their features
 is linear per feature, so they fold 1/rms_f into the rows of the first layer's weights:
@@ -60,9 +63,8 @@ def loss_features(loss: Optional[Any], loss_state: jax.Array) -> tuple[jax.Array
 
 
 def init_loss_state() -> jax.Array:
+    """The loss state of `loss_features` before any loss was seen: [ℓ̄, seen] = [0, 0], float32 [2]."""
     return jnp.zeros((2,), jnp.float32)
-
-
 
 
 def require_params(params: Any, name: str) -> None:
@@ -77,8 +79,9 @@ def leaves_of(tree: Any, *others: Any) -> tuple[Any, list, list[list]]:
     return treedef, treedef.flatten_up_to(tree), [treedef.flatten_up_to(o) for o in others]
 
 
-def zeros_like_f32(p: Any, *extra: int) -> jax.Array:
-    return jnp.zeros(jnp.shape(p) + tuple(extra), jnp.float32)
+def zeros_like_f32(p: Any) -> jax.Array:
+    """float32 zeros of p's shape: optimizer state is float32 whatever the parameter dtype."""
+    return jnp.zeros(jnp.shape(p), jnp.float32)
 
 
 def log_stat(x: jax.Array) -> jax.Array:

@@ -27,19 +27,43 @@ import optax
 from lopt import adafac_mlp_lopt as adafac
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.learnable_hparams import _logit
 from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
 
 
 class HyperLOptState(NamedTuple):
-    accumulators: adafac.AdafacState  # momenta, rms, factored moments, step count
-    lstm_h: jax.Array     # float32 [L, H]
-    lstm_c: jax.Array     # float32 [L, H]
-    loss_state: jax.Array  # float32 [2]
+    """HyperLOpt's optimizer state.
+
+    Attributes:
+      accumulators: an `AdafacState` (momenta, RMS, factored moments, step count).
+      lstm_h: float32 [L, H]: the LSTM's h, one row per leaf in the params' tree order.
+      lstm_c: float32 [L, H]: the LSTM's c.
+      loss_state: float32 [2]: the loss EMA and a seen flag (`features.loss_features`).
+    """
+    accumulators: adafac.AdafacState
+    lstm_h: jax.Array
+    lstm_c: jax.Array
+    loss_state: jax.Array
 
 
 class HyperLOpt(LearnedOptimizer):
-    """Per-tensor LSTM hypernetwork emitting each tensor's per-parameter MLP weights."""
+    """Per-tensor LSTM hypernetwork emitting each tensor's per-parameter MLP weights.
+
+    The math is in the module docstring. Theta: {"lstm": `lopt.nn.lstm_init`, "generator" G [H, P],
+    "w_base" [P], "w_lr" [H], "decays": `adafac_mlp_lopt.decay_logits(...)`} (decays learned as
+    β = σ(θ_β), as in AdafacMLPLOpt).
+
+    Args:
+      lstm_hidden: H, the LSTM's state width.
+      mlp_hidden: the width of the generated MLP's hidden layers.
+      mlp_layers: the number of hidden ReLU layers of the generated MLP (≥ 1).
+      momentum_decays: the initial momentum decays (K_m).
+      rms_decay: the initial decay of the second moment v.
+      adafactor_decays: the initial decays of the factored second moments (K_f).
+      gen_scale: the scale of the generated weight offsets h_i G.
+      step_mult: the step's scale.
+      exp_mult: the magnitude output's scale inside exp.
+      timescales: τ of the step embedding tanh(t/τ − 1).
+    """
 
     def __init__(self, lstm_hidden: int = 16, mlp_hidden: int = 4, mlp_layers: int = 1,
                  momentum_decays: Sequence[float] = (0.9, 0.99, 0.999), rms_decay: float = 0.999,
@@ -62,6 +86,7 @@ class HyperLOpt(LearnedOptimizer):
 
     @property
     def num_features(self) -> int:
+        """F, the number of per-parameter features (28 with the default decays)."""
         return adafac.num_leaf_features(len(self.momentum_decays), len(self.adafactor_decays))
 
     def _layer_shapes(self) -> list[tuple[int, int]]:
@@ -70,6 +95,7 @@ class HyperLOpt(LearnedOptimizer):
 
     @property
     def num_generated(self) -> int:
+        """P, the number of generated MLP weights (all layers' W and b)."""
         return sum(a * b + b for a, b in self._layer_shapes())
 
     def _unflatten_mlp(self, flat: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
@@ -87,12 +113,10 @@ class HyperLOpt(LearnedOptimizer):
             base += [layer["w"].reshape(-1), layer["b"]]
         hl = self.lstm_hidden
         n_in = self.num_features + 1 + len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
-        logits = lambda ds: jnp.asarray([_logit(d) for d in ds], jnp.float32)
         return {"lstm": lstm_init(keys[0], n_in, hl),
                 "generator": jax.random.normal(keys[1], (hl, self.num_generated), jnp.float32) / hl ** 0.5,
                 "w_base": jnp.concatenate(base), "w_lr": jnp.zeros((hl,), jnp.float32),
-                "decays": {"momentum": logits(self.momentum_decays), "rms": logits([self.rms_decay]),
-                           "adafactor": logits(self.adafactor_decays)}}
+                "decays": adafac.decay_logits(self.momentum_decays, self.rms_decay, self.adafactor_decays)}
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
@@ -143,7 +167,7 @@ class HyperLOpt(LearnedOptimizer):
                     continue
                 layers = self._unflatten_mlp(weights[i])
                 w1, b1 = layers[0]
-                layers[0] = (w1 * jax.lax.rsqrt(stats[i] + adafac.EPS)[:, None], b1)
+                layers[0] = (w1 * jax.lax.rsqrt(stats[i] + ft.EPS)[:, None], b1)
                 d, mag = elementwise_mlp(x, layers)
                 step = d * jnp.exp(mag * self.exp_mult) * (self.step_mult * lr_mult[i])
                 new_u.append(jnp.broadcast_to(-step, jnp.shape(p)).astype(jnp.result_type(p)))

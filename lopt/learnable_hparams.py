@@ -14,10 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from lopt.base import LearnedOptimizer
-
-
-def _logit(p: float) -> float:
-    return math.log(p) - math.log1p(-p)
+from lopt.nn import logit
 
 
 def _scalar(x: float) -> jax.Array:
@@ -25,7 +22,11 @@ def _scalar(x: float) -> jax.Array:
 
 
 class LearnableSGD(LearnedOptimizer):
-    """SGD with a learned learning rate: theta = {"log_lr"}."""
+    """SGD with a learned learning rate: Δp = −exp(θ_log_lr) g; theta = {"log_lr": float32 []}.
+
+    Args:
+      learning_rate: the initial learning rate (theta's default: log of it).
+    """
 
     def __init__(self, learning_rate: float = 1e-2):
         self.learning_rate = float(learning_rate)
@@ -43,7 +44,13 @@ class LearnableSGD(LearnedOptimizer):
 
 
 class LearnableSGDM(LearnedOptimizer):
-    """SGD with momentum, learned lr and momentum: theta = {"log_lr", "logit_momentum"}."""
+    """SGD with momentum (optax.sgd's: m ← μ m + g, Δp = −lr m), lr = exp(θ_log_lr) and
+    μ = σ(θ_logit_momentum) learned; theta = {"log_lr", "logit_momentum"}, float32 [] each.
+
+    Args:
+      learning_rate: the initial learning rate.
+      momentum: the initial momentum μ, in (0, 1).
+    """
 
     def __init__(self, learning_rate: float = 1e-2, momentum: float = 0.9):
         self.learning_rate = float(learning_rate)
@@ -54,7 +61,7 @@ class LearnableSGDM(LearnedOptimizer):
 
     def init(self, key: jax.Array) -> dict:
         del key
-        return {"log_lr": _scalar(math.log(self.learning_rate)), "logit_momentum": _scalar(_logit(self.momentum))}
+        return {"log_lr": _scalar(math.log(self.learning_rate)), "logit_momentum": _scalar(logit(self.momentum))}
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False):
         del num_steps, is_training
@@ -65,7 +72,15 @@ class LearnableSGDM(LearnedOptimizer):
 
 
 class LearnableAdam(LearnedOptimizer):
-    """Adam with learned lr, β1, β2, ε: theta = {"log_lr", "logit_b1", "logit_b2", "log_eps"}."""
+    """optax.adam with learned lr, β1, β2, ε: theta = {"log_lr", "logit_b1", "logit_b2", "log_eps"},
+    float32 [] each (lr = exp(θ_log_lr), β = σ(θ_logit_β), ε = exp(θ_log_eps)).
+
+    Args:
+      learning_rate: the initial learning rate.
+      b1: the initial β1, in (0, 1).
+      b2: the initial β2, in (0, 1).
+      eps: the initial ε (> 0).
+    """
 
     def __init__(self, learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
         self.learning_rate, self.b1, self.b2, self.eps = float(learning_rate), float(b1), float(b2), float(eps)
@@ -75,8 +90,8 @@ class LearnableAdam(LearnedOptimizer):
 
     def init(self, key: jax.Array) -> dict:
         del key
-        return {"log_lr": _scalar(math.log(self.learning_rate)), "logit_b1": _scalar(_logit(self.b1)),
-                "logit_b2": _scalar(_logit(self.b2)), "log_eps": _scalar(math.log(self.eps))}
+        return {"log_lr": _scalar(math.log(self.learning_rate)), "logit_b1": _scalar(logit(self.b1)),
+                "logit_b2": _scalar(logit(self.b2)), "log_eps": _scalar(math.log(self.eps))}
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False):
         del num_steps, is_training

@@ -37,9 +37,8 @@ import jax.numpy as jnp
 import optax
 
 from lopt import features as ft
-from lopt.adafac_mlp_lopt import per_param_mlp_init, shared_bias
 from lopt.base import LearnedOptimizer
-from lopt.features import TIMESCALES, step_embedding  # noqa: F401  (re-exported)
+from lopt.nn import per_param_mlp_init, shared_bias
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 CHUNK = 16384
@@ -47,11 +46,24 @@ COLUMN_MIN_SIZE = 256  # smaller tensors use the row-major MLP (faster there; me
 
 
 class MLPLOptState(NamedTuple):
-    momenta: Any  # per leaf: float32 [K, *p.shape] (decay-major, so features stack without transposes)
-    second_moment: Any  # per leaf: float32 [*p.shape]
-    iteration: jax.Array  # int32 []
+    """MLPLOpt's optimizer state.
+
+    Attributes:
+      momenta: per leaf, float32 [K, *p.shape]: the momenta m_k (decay-major, so features stack
+        without transposes).
+      second_moment: per leaf, float32 [*p.shape]: v.
+      iteration: int32 []: the number of updates so far.
+    """
+    momenta: Any
+    second_moment: Any
+    iteration: jax.Array
 
 
+def init_accumulators(params: Any, num_decays: int) -> tuple[Any, Any]:
+    """Zero accumulators for every leaf of `params`: (momenta [K, *p.shape], second moments [*p.shape]),
+    float32, K = num_decays (shared by MLPLOpt and RNNMLPLOpt)."""
+    momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((num_decays,) + jnp.shape(p), jnp.float32), params)
+    return momenta, jax.tree_util.tree_map(ft.zeros_like_f32, params)
 
 
 def momentum_index(decays) -> int:
@@ -68,7 +80,7 @@ def accumulate(g: jax.Array, m: jax.Array, v: jax.Array, decays: jax.Array, rms_
 def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int) -> list:
     """The F = K + 5 un-normalised features of one tensor, each shaped like g:
     g, p, m_1..m_K, √v, g/√(v+ε), m_0.9/√(v+ε)."""
-    rsqrt_v = jax.lax.rsqrt(v + 1e-8)
+    rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
     return [g, p, *m, jnp.sqrt(v), g * rsqrt_v, m[mom_idx] * rsqrt_v]
 
 
@@ -76,21 +88,40 @@ def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, 
     """Σ x_f² over the tensor for each feature of `leaf_features` (g, p, m [K, n], v flat): [F].
     One reduction per feature, the K momenta in one (reducing the [n] slices m[k] separately would
     copy each of them first)."""
-    rsqrt_v = jax.lax.rsqrt(v + 1e-8)
+    rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
     one = lambda x: jnp.sum(jnp.square(x))[None]
     return jnp.concatenate([one(g), one(p), jnp.sum(jnp.square(m), axis=1), one(jnp.sqrt(v)), one(g * rsqrt_v),
                             one(m[mom_idx] * rsqrt_v)])
 
 
 class MLPLOpt(LearnedOptimizer):
-    """Per-parameter MLP over gradient/momentum/second-moment features and a step embedding."""
+    """Per-parameter MLP over gradient/momentum/second-moment features and a step embedding.
+
+    The features, the MLP and the step Δp = −d · exp(m · exp_mult) · step_mult are in the module
+    docstring. Theta: {"input": {"w" [F, H], "w_time" [T, H], ("w_progress" [3, H],) "b" [H]},
+    "hidden_i": {"w" [H, H], "b" [H]} for i in 1..hidden_layers-1, "output": {"w" [H, 2], "b" [2]}}.
+
+    Args:
+      hidden_size: H, the width of every hidden layer.
+      hidden_layers: the number of hidden ReLU layers (≥ 1).
+      decays: the momentum decays β_k (K of them; F = K + 5 features).
+      rms_decay: β_v of the second moment v.
+      step_mult: the step's scale.
+      exp_mult: the magnitude output's scale inside exp.
+      timescales: τ of the step embedding tanh(t/τ − 1).
+      use_num_steps: also feed the progress features (min(t/N, 1), log1p(N)/10, 1), N the
+        `num_steps` given to `opt_fn` (zeros when it is None).
+      chunk_size: parameters per block of the column-major layout (speed only, not in `config()`).
+      column_min_size: tensors smaller than this use the row-major MLP (speed only, not in `config()`).
+    """
 
     def __init__(self, hidden_size: int = 32, hidden_layers: int = 2, decays: Sequence[float] = DECAYS,
                  rms_decay: float = 0.999, step_mult: float = 1e-3, exp_mult: float = 1e-3,
-                 timescales: Sequence[float] = TIMESCALES, use_num_steps: bool = False,
+                 timescales: Sequence[float] = ft.TIMESCALES, use_num_steps: bool = False,
                  chunk_size: int = CHUNK, column_min_size: int = COLUMN_MIN_SIZE):
         if hidden_layers < 1 or hidden_size < 1:
-            raise ValueError(f"MLPLOpt needs hidden_layers >= 1 and hidden_size >= 1, got {hidden_layers}, {hidden_size}")
+            raise ValueError(f"MLPLOpt needs hidden_layers >= 1 and hidden_size >= 1, "
+                             f"got {hidden_layers}, {hidden_size}")
         self.hidden_size = int(hidden_size)
         self.hidden_layers = int(hidden_layers)
         self.decays = tuple(float(d) for d in decays)
@@ -105,6 +136,7 @@ class MLPLOpt(LearnedOptimizer):
 
     @property
     def num_features(self) -> int:
+        """F = K + 5, the number of per-parameter features."""
         return len(self.decays) + 5
 
     def config(self) -> dict:
@@ -123,13 +155,7 @@ class MLPLOpt(LearnedOptimizer):
         mom_idx = self._mom_idx
 
         def init_fn(params):
-            zeros = lambda p, *extra: jnp.zeros(jnp.shape(p) + extra, jnp.float32)
-            return MLPLOptState(
-                momenta=jax.tree_util.tree_map(lambda p: jnp.zeros((len(self.decays),) + jnp.shape(p), jnp.float32),
-                                               params),
-                second_moment=jax.tree_util.tree_map(zeros, params),
-                iteration=jnp.zeros((), jnp.int32),
-            )
+            return MLPLOptState(*init_accumulators(params, len(self.decays)), jnp.zeros((), jnp.int32))
 
         def mlp_columns(w1t, b1, x):
             """x [F, c] -> [2, c], column-major (w1t = W1'ᵀ [H, F])."""
@@ -159,7 +185,7 @@ class MLPLOpt(LearnedOptimizer):
             m, v = accumulate(g32, m.reshape(k, n), v.reshape(-1), decays, self.rms_decay)
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
             sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx)
-            w1t = (theta["input"]["w"] * jax.lax.rsqrt(sum_sq / n + 1e-8)[:, None]).T  # W1'ᵀ [H, F]
+            w1t = (theta["input"]["w"] * jax.lax.rsqrt(sum_sq / n + ft.EPS)[:, None]).T  # W1'ᵀ [H, F]
             if n < self.column_min_size:  # small tensors: row-major [n, F] @ [F, H] is cheaper
                 out = mlp_rows(w1t.T, first_bias, jnp.stack(leaf_features(g32, p32, m, v, mom_idx), axis=-1))
                 step = to_step(out.T)[0]
@@ -168,9 +194,10 @@ class MLPLOpt(LearnedOptimizer):
 
                 def block(start):  # [F, c] features of elements start .. start + c - 1
                     sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)
+                    feats = leaf_features(sl(g32), sl(p32), sl(m), sl(v), mom_idx)
                     # the barrier keeps XLA from fusing the feature arithmetic into the stack's
                     # concatenate, which its CPU backend emits as slow per-element code (4 vs 5.3 ms)
-                    return jnp.stack(jax.lax.optimization_barrier(leaf_features(sl(g32), sl(p32), sl(m), sl(v), mom_idx)))
+                    return jnp.stack(jax.lax.optimization_barrier(feats))
 
                 step = ft.blockwise_map(lambda start: to_step(mlp_columns(w1t, first_bias, block(start))), n, c, 1)[0]
             return ((-step).reshape(jnp.shape(p)).astype(p.dtype), m.reshape((k,) + jnp.shape(p)),

@@ -25,25 +25,49 @@ import optax
 
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.learnable_hparams import _logit
-from lopt.nn import lstm_init, lstm_step
+from lopt.nn import logit, lstm_init, lstm_step
 
 NUM_STATS = 4
 
 
 class NNAdamState(NamedTuple):
-    mu: Any               # per leaf: float32 [*p.shape]
-    nu: Any               # per leaf: float32 [*p.shape]
-    b1_prod: jax.Array    # float32 [L]: Π β1 applied so far
-    b2_prod: jax.Array    # float32 [L]
-    lstm_h: jax.Array     # float32 [L, H]
-    lstm_c: jax.Array     # float32 [L, H]
-    loss_state: jax.Array  # float32 [2]
-    iteration: jax.Array  # int32 []
+    """NNAdam's optimizer state.
+
+    Attributes:
+      mu: per leaf, float32 [*p.shape]: Adam's first moment m.
+      nu: per leaf, float32 [*p.shape]: Adam's second moment v.
+      b1_prod: float32 [L]: c1 = Π β1 applied so far, per leaf (in the params' tree order).
+      b2_prod: float32 [L]: c2 = Π β2 applied so far.
+      lstm_h: the LSTM's hidden state h, float32 [L, H].
+      lstm_c: the LSTM's cell state c, float32 [L, H].
+      loss_state: `features.loss_features`' state, float32 [2].
+      iteration: the step count, int32 [].
+    """
+    mu: Any
+    nu: Any
+    b1_prod: jax.Array
+    b2_prod: jax.Array
+    lstm_h: jax.Array
+    lstm_c: jax.Array
+    loss_state: jax.Array
+    iteration: jax.Array
 
 
 class NNAdam(LearnedOptimizer):
-    """Adam whose lr, β1, β2, ε per tensor come from an LSTM over tensor statistics."""
+    """Adam whose lr, β1, β2, ε per tensor and step come from an LSTM over tensor statistics.
+
+    The math is in the module docstring; with the head's output o = 0 it is Adam(learning_rate,
+    b1, b2, eps). Theta: {"lstm": `lopt.nn.lstm_init`, "output": {"w" [H, 4], "b" [4]}}.
+
+    Args:
+      lstm_hidden: H, the LSTM's state width.
+      learning_rate: the base learning rate lr.
+      b1: the base β1, in (0, 1).
+      b2: the base β2, in (0, 1).
+      eps: the base ε (> 0).
+      output_scale: the std of the head's initial W_out is output_scale/√H (small: starts near Adam).
+      timescales: τ of the step embedding tanh(t/τ − 1).
+    """
 
     def __init__(self, lstm_hidden: int = 16, learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-8, output_scale: float = 0.01, timescales: Sequence[float] = ft.TIMESCALES):
@@ -58,6 +82,7 @@ class NNAdam(LearnedOptimizer):
 
     @property
     def num_lstm_inputs(self) -> int:
+        """The width of the LSTM's input z_i: 4 statistics + 1 + T + 3 + 2."""
         return NUM_STATS + 1 + len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
 
     def init(self, key: jax.Array) -> dict:
@@ -71,7 +96,7 @@ class NNAdam(LearnedOptimizer):
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
         del is_training
         hl = self.lstm_hidden
-        base = jnp.asarray([math.log(self.learning_rate), _logit(self.b1), _logit(self.b2), math.log(self.eps)],
+        base = jnp.asarray([math.log(self.learning_rate), logit(self.b1), logit(self.b2), math.log(self.eps)],
                            jnp.float32)
 
         def init_fn(params):
@@ -90,9 +115,9 @@ class NNAdam(LearnedOptimizer):
             if not gs:
                 return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)
             ctx = ft.context_features(state.iteration, self.timescales, num_steps, loss_f)
-            mean_sq = lambda x: jnp.mean(jnp.square(x)) if jnp.size(x) else jnp.zeros((), jnp.float32)
-            stats = jnp.stack([jnp.stack([mean_sq(jnp.asarray(g, jnp.float32)), mean_sq(mu), jnp.mean(nu) if jnp.size(nu)
-                                          else jnp.zeros((), jnp.float32), mean_sq(jnp.asarray(p, jnp.float32))])
+            mean = lambda x: jnp.mean(x) if jnp.size(x) else jnp.zeros((), jnp.float32)
+            mean_sq = lambda x: mean(jnp.square(jnp.asarray(x, jnp.float32)))
+            stats = jnp.stack([jnp.stack([mean_sq(g), mean_sq(mu), mean(nu), mean_sq(p)])
                                for g, p, mu, nu in zip(gs, ps, mus, nus)])                     # [L, 4]
             z = ft.tensor_lstm_inputs(stats, ps, ctx)
             h, c = lstm_step(theta["lstm"], z, state.lstm_h, state.lstm_c)

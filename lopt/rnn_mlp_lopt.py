@@ -27,23 +27,46 @@ import optax
 
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.mlp_lopt import accumulate, leaf_features, momentum_index
+from lopt.mlp_lopt import accumulate, init_accumulators, leaf_features, momentum_index
 from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
-
-EPS = 1e-8
 
 
 class RNNMLPLOptState(NamedTuple):
-    momenta: Any          # per leaf: float32 [K, *p.shape]
-    second_moment: Any    # per leaf: float32 [*p.shape]
-    lstm_h: jax.Array     # float32 [L, H]
-    lstm_c: jax.Array     # float32 [L, H]
-    loss_state: jax.Array  # float32 [2]: loss EMA, seen flag
-    iteration: jax.Array  # int32 []
+    """RNNMLPLOpt's optimizer state.
+
+    Attributes:
+      momenta: per leaf, float32 [K, *p.shape]: m_k.
+      second_moment: per leaf, float32 [*p.shape]: v.
+      lstm_h: float32 [L, H]: the LSTM's h, one row per leaf in the params' tree order.
+      lstm_c: float32 [L, H]: the LSTM's c.
+      loss_state: float32 [2]: the loss EMA and a seen flag (`features.loss_features`).
+      iteration: int32 []: the number of updates so far.
+    """
+    momenta: Any
+    second_moment: Any
+    lstm_h: jax.Array
+    lstm_c: jax.Array
+    loss_state: jax.Array
+    iteration: jax.Array
 
 
 class RNNMLPLOpt(LearnedOptimizer):
-    """Per-tensor LSTM over tensor statistics, loss and progress -> conditions a per-parameter MLP."""
+    """Per-tensor LSTM over tensor statistics, loss and progress -> conditions a per-parameter MLP.
+
+    The LSTM's inputs, the conditioning and the step Δp = −d · exp(m · exp_mult) · step_mult ·
+    exp(h_i · w_lr) are in the module docstring. Theta: {"lstm": `lopt.nn.lstm_init`,
+    "w_cond" [H_lstm, H_mlp], "w_lr" [H_lstm], "input" / "hidden_i" / "output": the MLP's dense layers}.
+
+    Args:
+      lstm_hidden: H_lstm, the LSTM's state width.
+      mlp_hidden: H_mlp, the width of the per-parameter MLP's hidden layers.
+      mlp_layers: the number of hidden ReLU layers of the MLP (≥ 1).
+      decays: the momentum decays β_k (K ≥ 1; F = K + 5 features).
+      rms_decay: β_v of the second moment v.
+      step_mult: the step's scale.
+      exp_mult: the magnitude output's scale inside exp.
+      timescales: τ of the step embedding tanh(t/τ − 1).
+    """
 
     def __init__(self, lstm_hidden: int = 16, mlp_hidden: int = 8, mlp_layers: int = 2,
                  decays: Sequence[float] = (0.5, 0.9, 0.99, 0.999), rms_decay: float = 0.999,
@@ -59,10 +82,12 @@ class RNNMLPLOpt(LearnedOptimizer):
 
     @property
     def num_features(self) -> int:
+        """F = K + 5, the number of per-parameter features."""
         return len(self.decays) + 5
 
     @property
     def num_lstm_inputs(self) -> int:
+        """The width of the LSTM's input z_i: F + 1 + T + 3 + 2."""
         return self.num_features + 1 + len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
 
     def config(self) -> dict:
@@ -90,9 +115,9 @@ class RNNMLPLOpt(LearnedOptimizer):
 
         def init_fn(params):
             n = len(jax.tree_util.tree_leaves(params))
+            momenta, second_moment = init_accumulators(params, len(self.decays))
             return RNNMLPLOptState(
-                momenta=jax.tree_util.tree_map(lambda p: jnp.zeros((len(self.decays),) + jnp.shape(p), jnp.float32), params),
-                second_moment=jax.tree_util.tree_map(ft.zeros_like_f32, params),
+                momenta=momenta, second_moment=second_moment,
                 lstm_h=jnp.zeros((n, hl), jnp.float32), lstm_c=jnp.zeros((n, hl), jnp.float32),
                 loss_state=ft.init_loss_state(), iteration=jnp.zeros((), jnp.int32))
 
@@ -134,7 +159,7 @@ class RNNMLPLOpt(LearnedOptimizer):
                 if x is None:
                     new_updates.append(jnp.zeros_like(p))
                     continue
-                w1 = theta["input"]["w"] * jax.lax.rsqrt(stats[i] + EPS)[:, None]
+                w1 = theta["input"]["w"] * jax.lax.rsqrt(stats[i] + ft.EPS)[:, None]
                 d, mag = elementwise_mlp(x, [(w1, theta["input"]["b"] + cond[i])] + rest)
                 step = d * jnp.exp(mag * self.exp_mult) * (self.step_mult * lr_mult[i])
                 new_updates.append(jnp.broadcast_to(-step, jnp.shape(p)).astype(jnp.result_type(p)))

@@ -57,7 +57,19 @@ class _AdaptedTask(Task):
 
 
 class HaikuTask(_AdaptedTask):
-    """See `task_from_haiku`."""
+    """A haiku model + loss as a Task (built by `task_from_haiku`, which documents it); haiku
+    state is the model_state, the loss key is the apply rng.
+
+    Args:
+      model_fn: a forward function `model_fn(inputs, **apply_kwargs) -> outputs`, or one already
+        transformed (hk.Transformed or hk.TransformedWithState).
+      loss_fn: `loss_fn(outputs, batch) -> scalar`.
+      data: the DataSource the task trains on.
+      input_key: the batch entry the model reads (None: the whole batch).
+      apply_kwargs: keyword arguments of `model_fn` at init and in the loss.
+      normalizer: loss -> normalised loss (default: loss / log(num_classes) with classes, else identity).
+      name: the task's name.
+    """
 
     def __init__(self, model_fn, loss_fn, data, *, input_key="image", apply_kwargs=None, normalizer=None,
                  name="haiku_task"):
@@ -81,7 +93,6 @@ class HaikuTask(_AdaptedTask):
         return self.loss_fn(out, batch), model_state
 
 
-
 def task_from_haiku(model_fn: Any, loss_fn: LossFn, data: DataSource, *, input_key: Optional[str] = "image",
                     apply_kwargs: Optional[Mapping[str, Any]] = None, normalizer=None,
                     name: str = "haiku_task") -> Task:
@@ -93,7 +104,18 @@ def task_from_haiku(model_fn: Any, loss_fn: LossFn, data: DataSource, *, input_k
 
 
 class LinenTask(_AdaptedTask):
-    """See `task_from_flax` (linen modules)."""
+    """A flax linen module + loss as a Task (built by `task_from_flax`, which documents it).
+
+    Args:
+      module: a linen Module instance.
+      loss_fn: `loss_fn(outputs, batch) -> scalar`.
+      data: the DataSource the task trains on.
+      input_key: the batch entry the model reads (None: the whole batch).
+      init_kwargs: keyword arguments of `module.init`.
+      apply_kwargs: keyword arguments of `module.apply` in the loss.
+      normalizer: loss -> normalised loss (default: loss / log(num_classes) with classes, else identity).
+      name: the task's name.
+    """
 
     def __init__(self, module, loss_fn, data, *, input_key="image", init_kwargs=None, apply_kwargs=None,
                  normalizer=None, name="flax_task"):
@@ -128,9 +150,19 @@ class LinenTask(_AdaptedTask):
         return self.loss_fn(out, batch), model_state
 
 
-
 class NNXTask(_AdaptedTask):
-    """See `task_from_flax` (nnx modules): graphdef static; params / rest state as pure dicts."""
+    """A flax nnx module + loss as a Task (built by `task_from_flax`, which documents it): the
+    graphdef is static, params and the other state are pure dicts.
+
+    Args:
+      make_module: a constructor `rngs -> nnx.Module`, or an nnx.Module instance (its weights are the init).
+      loss_fn: `loss_fn(outputs, batch) -> scalar`.
+      data: the DataSource the task trains on.
+      input_key: the batch entry the model reads (None: the whole batch).
+      apply_kwargs: keyword arguments of the module's call in the loss.
+      normalizer: loss -> normalised loss (default: loss / log(num_classes) with classes, else identity).
+      name: the task's name.
+    """
 
     def __init__(self, make_module, loss_fn, data, *, input_key="image", apply_kwargs=None, normalizer=None,
                  name="flax_task"):
@@ -170,7 +202,6 @@ class NNXTask(_AdaptedTask):
         out = model(self._inputs(batch), **self.apply_kwargs)
         _, _, rest = self._nnx.split(model, self._nnx.Param, ...)
         return self.loss_fn(out, batch), self._nnx.to_pure_dict(rest)
-
 
 
 def task_from_flax(module: Any, loss_fn: LossFn, data: DataSource, *, input_key: Optional[str] = "image",

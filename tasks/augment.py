@@ -12,17 +12,20 @@ Each wrapper's cfg is {"inner": inner_cfg, ...its own per-task values}; they com
 """
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 
 from tasks.base import Task, TaskFamily, check_range, log_uniform, scaled_normalizer
 
 
-
-
 class WrappedTask(Task):
-    """Delegates everything to `inner`; subclasses override what they change."""
+    """A Task that delegates everything to `inner` (data, normaliser, init, loss); the
+    augmentations' tasks subclass it and override what they change.
+
+    Args:
+      inner: the wrapped Task.
+      suffix: appended to the inner task's name: "{inner.name}_{suffix}".
+    """
 
     def __init__(self, inner: Task, suffix: str):
         self.inner = inner
@@ -61,8 +64,14 @@ class _ScaledTask(WrappedTask):
 
 
 class ScaleReparam(_WrappedFamily):
-    """Per-tensor parameter rescaling p = c·p', c log-uniform in `scale_range` per task.
-    `sample(key)` -> {"inner": ..., "scales": a [] float per parameter tensor}."""
+    """Per-tensor parameter rescaling p = c·p' (the optimizer trains p'), c log-uniform in
+    `scale_range` per tensor and task: `sample(key)` -> {"inner": inner cfg, "scales": a float32 []
+    per parameter tensor, in the params' tree structure}.
+
+    Args:
+      family: the TaskFamily to augment.
+      scale_range: (lo, hi), 0 < lo ≤ hi, of the scales c.
+    """
 
     def __init__(self, family: TaskFamily, scale_range: tuple[float, float] = (0.1, 10.0)):
         super().__init__(family, "reparam")
@@ -90,7 +99,12 @@ class _RebatchedTask(WrappedTask):
 
 class ReducedBatchSize(_WrappedFamily):
     """The inner family on minibatches of `batch_size` (static: a different batch shape
-    compiles once). `sample` is the inner family's."""
+    compiles once). `sample` is the inner family's.
+
+    Args:
+      family: the TaskFamily to augment (it must have data).
+      batch_size: the new batch size, in [1, the family's batch size].
+    """
 
     def __init__(self, family: TaskFamily, batch_size: int):
         if family.data is None:
@@ -123,8 +137,13 @@ class _NoisyGradTask(WrappedTask):
 
 
 class GradientNoise(_WrappedFamily):
-    """Adds N(0, σ²) noise to every gradient entry, σ log-uniform in `std_range` per task.
-    `sample(key)` -> {"inner": ..., "grad_noise_std": []}."""
+    """Adds N(0, σ²) noise to every gradient entry (the loss value is unchanged), σ log-uniform
+    in `std_range` per task: `sample(key)` -> {"inner": inner cfg, "grad_noise_std": float32 []}.
+
+    Args:
+      family: the TaskFamily to augment.
+      std_range: (lo, hi), 0 < lo ≤ hi, of σ.
+    """
 
     def __init__(self, family: TaskFamily, std_range: tuple[float, float] = (0.01, 1.0)):
         super().__init__(family, "gradnoise")
@@ -158,7 +177,13 @@ class _InitLossNormalizedTask(WrappedTask):
 class NormalizeByInitialLoss(_WrappedFamily):
     """Divides each task's loss by its first training loss L₀ (recorded in model_state on the first
     `loss_with_state` call), so gradients and meta-losses share one scale; the normaliser then
-    only clips at `max_value`. Use through `init_with_state` / `loss_with_state`."""
+    only clips at `max_value`. Use through `init_with_state` / `loss_with_state`. `sample` is the
+    inner family's.
+
+    Args:
+      family: the TaskFamily to augment.
+      max_value: the normaliser's clip (and its value for non-finite losses).
+    """
 
     def __init__(self, family: TaskFamily, max_value: float = 10.0):
         super().__init__(family, "initnorm")

@@ -15,9 +15,8 @@ arrays can be passed into jit once as an argument instead of being baked in as c
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import math
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,20 +27,52 @@ Batch = Any
 
 
 class Task:
-    """One inner problem. Subclasses implement `init` and `loss` (or the `_with_state` pair)."""
+    """One inner problem (see the module docstring). Subclasses implement `init` and `loss`, or,
+    when the model has state (e.g. BatchNorm statistics), `init_with_state` and `loss_with_state`.
+
+    Attributes:
+      name: a label for logs and summaries.
+      data: the task's DataSource, or None for data-free tasks (quadratics, 2-D functions).
+    """
 
     name: str = "task"
-    data: Any = None  # a DataSource or None (e.g. quadratics need no data)
+    data: Any = None
 
     def init(self, key: jax.Array) -> Params:
+        """Initial parameters.
+
+        Args:
+          key: PRNG key.
+
+        Returns:
+          params, a pytree of arrays.
+        """
         return self.init_with_state(key)[0]
 
     def init_with_state(self, key: jax.Array) -> tuple[Params, ModelState]:
+        """Initial parameters and model state (an empty dict for stateless tasks).
+
+        Args:
+          key: PRNG key.
+
+        Returns:
+          (params, model_state).
+        """
         if type(self).init is Task.init:
             raise NotImplementedError(f"{type(self).__name__} must implement init or init_with_state")
         return self.init(key), {}
 
     def loss(self, params: Params, key: jax.Array, batch: Batch) -> jax.Array:
+        """The training loss of a stateless task.
+
+        Args:
+          params: the parameters.
+          key: PRNG key for any randomness of the loss (noise, dropout).
+          batch: a batch from `data.batch(key, split)`, or None for data-free tasks.
+
+        Returns:
+          A scalar.
+        """
         raise NotImplementedError(
             f"{type(self).__name__} does not implement loss; stateful tasks are used through loss_with_state"
         )
@@ -49,6 +80,17 @@ class Task:
     def loss_with_state(
         self, params: Params, model_state: ModelState, key: jax.Array, batch: Batch
     ) -> tuple[jax.Array, ModelState]:
+        """The training loss and the updated model state (every task supports this form).
+
+        Args:
+          params: the parameters.
+          model_state: the model state (from `init_with_state` or the previous call).
+          key: PRNG key for any randomness of the loss.
+          batch: a batch, or None for data-free tasks.
+
+        Returns:
+          (scalar loss, new model_state).
+        """
         if type(self).loss is Task.loss:
             raise NotImplementedError(f"{type(self).__name__} must implement loss or loss_with_state")
         return self.loss(params, key, batch), model_state
@@ -62,19 +104,36 @@ class Task:
 
 
 class TaskFamily:
-    """A distribution over tasks with one parameter structure.
+    """A distribution over tasks with one parameter structure (see the module docstring).
 
-    `sample(key)` must be jittable and return a pytree of arrays; `task_fn(cfg)` builds a
-    Task from a (possibly traced) cfg.
+    Attributes:
+      name: a label for logs and summaries.
+      data: the DataSource all tasks of the family share, or None.
     """
 
     name: str = "task_family"
     data: Any = None
 
     def sample(self, key: jax.Array) -> Any:
+        """Draws one task's configuration; jittable, so families vmap over keys.
+
+        Args:
+          key: PRNG key.
+
+        Returns:
+          cfg, a pytree of arrays.
+        """
         raise NotImplementedError
 
     def task_fn(self, cfg: Any) -> Task:
+        """The Task of a configuration from `sample` (which may be traced, inside jit / vmap).
+
+        Args:
+          cfg: a configuration from `sample`.
+
+        Returns:
+          The Task.
+        """
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -140,5 +199,5 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """The fraction of integer `labels` [B] that are the argmax of `logits` [B, C]: a scalar."""
     return jnp.mean(jnp.argmax(logits, axis=-1) == labels)
-

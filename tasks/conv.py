@@ -13,15 +13,27 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from tasks.base import Task, TaskFamily, classification_normalizer, softmax_cross_entropy
+from tasks.base import Task, classification_normalizer, softmax_cross_entropy
 from tasks.datasets.data_source import as_float_images
-from tasks.image_mlp import (ACTIVATIONS, _activation_fn, check_family_args, classification_data,
-                             sample_scale_and_activation, scaled_init)
+from tasks.nets import ACTIVATIONS, ImageClassifierFamily, activation_fn, classification_data, scaled_init
 
 
 class ConvTask(Task):
-    """Cross-entropy of a strided convnet with global mean pooling; `init_scale` and
-    `activation` (index into `activation_choices`) may be traced."""
+    """Cross-entropy of a strided convnet with global mean pooling (the network is in the module
+    docstring); normaliser loss / log(num_classes), clipped at 1.5.
+
+    Args:
+      dataset: a registered dataset name or a DataSource with "image" [B, H, W, C] or [B, L, C]
+        and integer "label".
+      channels: the output channels of each conv layer.
+      kernel_size: the kernel's extent along every spatial axis.
+      stride: the stride of every conv layer.
+      activation: an activation name, or an int index (may be traced) into `activation_choices`.
+      batch_size: the batch size of a named dataset.
+      init_scale: multiplies the fan-in initialiser's std (may be traced).
+      activation_choices: the names an index `activation` picks from.
+      name: the task's name (default: derived from the dataset and channels).
+    """
 
     def __init__(self, dataset: Union[str, Any] = "digits", channels: Sequence[int] = (8, 16), *,
                  kernel_size: int = 3, stride: int = 2, activation: Union[str, jax.Array] = "relu",
@@ -33,7 +45,7 @@ class ConvTask(Task):
         self.channels = tuple(int(c) for c in channels)
         self.num_classes = int(self.data.num_classes)
         spatial = len(self._image_shape) - 1
-        act = _activation_fn(activation, activation_choices)
+        act = activation_fn(activation, activation_choices)
         chans, num_classes = self.channels, self.num_classes
 
         def forward(images):
@@ -52,6 +64,7 @@ class ConvTask(Task):
         return self._net.init(key, jnp.zeros((1,) + self._image_shape, jnp.float32))
 
     def logits(self, params: hk.Params, images: jax.Array) -> jax.Array:
+        """[B, num_classes] logits of images [B, H, W, C] or [B, L, C] (uint8 or float)."""
         return self._net.apply(params, images)
 
     def loss(self, params: hk.Params, key: jax.Array, batch: dict) -> jax.Array:
@@ -59,28 +72,26 @@ class ConvTask(Task):
         return softmax_cross_entropy(self.logits(params, batch["image"]), batch["label"])
 
 
-class ConvFamily(TaskFamily):
-    """Convnets with per-task init scale (log-uniform) and activation.
+class ConvFamily(ImageClassifierFamily):
+    """Convnets with per-task init scale (log-uniform) and activation (uniform over choices):
+    `sample(key)` -> {"init_scale": float32 [], "activation": int32 []}. Stride 2, as ConvTask's default.
 
-    Static config: dataset, channels, kernel_size, batch_size, activations.
-    `sample(key)` -> {"init_scale": [], "activation": [] int32}.
+    Args:
+      dataset: a registered dataset name or a DataSource with "image" and integer "label".
+      channels: the output channels of each conv layer.
+      kernel_size: the kernel's extent along every spatial axis.
+      batch_size: the batch size of a named dataset.
+      init_scale_range: (lo, hi) of the log-uniform init scale.
+      activations: the activation names a task's activation is drawn from.
     """
 
     def __init__(self, dataset: Union[str, Any] = "digits", channels: Sequence[int] = (8, 16), *,
                  kernel_size: int = 3, batch_size: int = 128, init_scale_range: tuple[float, float] = (0.5, 2.0),
                  activations: Sequence[str] = ("relu", "tanh", "gelu")):
-        lo, hi = check_family_args(activations, init_scale_range)
+        super().__init__(dataset, batch_size, init_scale_range, activations, "ConvFamily")
         self.channels = tuple(int(c) for c in channels)
         self.kernel_size = int(kernel_size)
-        self.batch_size = int(batch_size)
-        self.init_scale_range = (float(lo), float(hi))
-        self.activations = tuple(activations)
-        self.data, _ = classification_data(dataset, batch_size, "ConvFamily")
-        self.dataset = dataset if isinstance(dataset, str) else self.data.name
         self.name = f"conv_family_{self.dataset}_{'x'.join(map(str, self.channels))}"
-
-    def sample(self, key: jax.Array) -> dict:
-        return sample_scale_and_activation(key, self.init_scale_range, len(self.activations))
 
     def task_fn(self, cfg: dict) -> ConvTask:
         return ConvTask(self.data, self.channels, kernel_size=self.kernel_size, activation=cfg["activation"],

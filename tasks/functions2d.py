@@ -18,16 +18,19 @@ from tasks.base import Task, TaskFamily, scaled_normalizer
 
 
 def rosenbrock(xy: jax.Array, a: Any = 1.0, b: Any = 100.0) -> jax.Array:
+    """(a − x)² + b (y − x²)² at xy = (x, y) [2]: a scalar."""
     x, y = xy[0], xy[1]
     return jnp.square(a - x) + b * jnp.square(y - x * x)
 
 
 def himmelblau(xy: jax.Array) -> jax.Array:
+    """(x² + y − 11)² + (x + y² − 7)² at xy = (x, y) [2]: a scalar."""
     x, y = xy[0], xy[1]
     return jnp.square(x * x + y - 11) + jnp.square(x + y * y - 7)
 
 
 def beale(xy: jax.Array) -> jax.Array:
+    """(1.5 − x + xy)² + (2.25 − x + xy²)² + (2.625 − x + xy³)² at xy = (x, y) [2]: a scalar."""
     x, y = xy[0], xy[1]
     return jnp.square(1.5 - x + x * y) + jnp.square(2.25 - x + x * y ** 2) + jnp.square(2.625 - x + x * y ** 3)
 
@@ -41,8 +44,14 @@ FUNCTIONS = {
 
 
 class Function2DTask(Task):
-    """Minimise FUNCTIONS[function] over params {"xy": [2]}; `offset` [2] (may be traced) shifts
-    the start point. No data."""
+    """Minimise FUNCTIONS[function] over params {"xy": [2]} (no data); the loss is the function's
+    value, the normaliser divides it by the value at the classic start point (clipped at 100).
+
+    Args:
+      function: "rosenbrock", "himmelblau" or "beale" (a key of FUNCTIONS).
+      offset: [2] added to the classic start point (may be traced).
+      init_noise: std of the Gaussian noise added to the start point by `init`.
+    """
 
     def __init__(self, function: str = "rosenbrock", *, offset: Any = (0.0, 0.0), init_noise: float = 0.0):
         if function not in FUNCTIONS:
@@ -63,14 +72,26 @@ class Function2DTask(Task):
         return self.fn(params["xy"])
 
 
-def RosenbrockTask(**kwargs) -> Function2DTask:
-    """The Rosenbrock banana from (-1.2, 1)."""
-    return Function2DTask("rosenbrock", **kwargs)
+class RosenbrockTask(Function2DTask):
+    """The Rosenbrock banana from (−1.2, 1): Function2DTask("rosenbrock").
+
+    Args:
+      offset: [2] added to the start point (may be traced).
+      init_noise: std of the Gaussian noise added to the start point by `init`.
+    """
+
+    def __init__(self, *, offset: Any = (0.0, 0.0), init_noise: float = 0.0):
+        super().__init__("rosenbrock", offset=offset, init_noise=init_noise)
 
 
 class Function2DFamily(TaskFamily):
-    """One 2-D function with the start point jittered per task: `sample(key)` -> {"offset": [2]}
-    with offset ~ U(−spread, spread)²."""
+    """One 2-D function with the start point jittered per task: `sample(key)` -> {"offset": float32 [2]}
+    with offset ~ U(−spread, spread)².
+
+    Args:
+      function: "rosenbrock", "himmelblau" or "beale" (a key of FUNCTIONS).
+      spread: half-width of the uniform offset of the start point.
+    """
 
     def __init__(self, function: str = "rosenbrock", *, spread: float = 0.1):
         if function not in FUNCTIONS:

@@ -13,61 +13,29 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
-from tasks import registry
-from tasks.base import Task, TaskFamily, check_range, classification_normalizer, log_uniform, softmax_cross_entropy
+from tasks.base import Task, classification_normalizer, softmax_cross_entropy
 from tasks.datasets.data_source import as_float_images
+from tasks.nets import ACTIVATIONS, ImageClassifierFamily, activation_fn, classification_data, scaled_init
 
-ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh, "gelu": jax.nn.gelu, "swish": jax.nn.swish}
 NORMS = (None, "layer", "batch")
 
 
-def _activation_fn(activation: Union[str, jax.Array], choices: Sequence[str]):
-    if isinstance(activation, str):
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
-        return ACTIVATIONS[activation]
-    branches = [ACTIVATIONS[c] for c in choices]
-    return lambda x: jax.lax.switch(activation, branches, x)
-
-
-def scaled_init(scale: Union[float, jax.Array]) -> hk.initializers.Initializer:
-    """Fan-in truncated-normal initialiser times `scale` (which may be traced)."""
-    base = hk.initializers.VarianceScaling(1.0, "fan_in", "truncated_normal")
-    return lambda shape, dtype: scale * base(shape, dtype)
-
-
-def check_family_args(activations: Sequence[str], init_scale_range: tuple[float, float]) -> tuple[float, float]:
-    """Validates a family's activation choices and init-scale range; returns the range as floats."""
-    for a in activations:
-        if a not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {a!r}; choose from {sorted(ACTIVATIONS)}")
-    return check_range(init_scale_range, "init_scale_range")
-
-
-def sample_scale_and_activation(key: jax.Array, init_scale_range: tuple[float, float], num_activations: int) -> dict:
-    """{"init_scale": log-uniform [], "activation": uniform int32 index []} for a family's sample."""
-    k1, k2 = jax.random.split(key)
-    return {"init_scale": log_uniform(k1, *init_scale_range),
-            "activation": jax.random.randint(k2, (), 0, num_activations)}
-
-
-def classification_data(dataset: Union[str, Any], batch_size: int, task: str):
-    """Resolves `dataset` (a name or a DataSource) and checks it has images and class labels."""
-    data = registry.get_dataset(dataset, batch_size) if isinstance(dataset, str) else dataset
-    spec = data.element_spec("train")
-    if "image" not in spec or "label" not in spec:
-        raise ValueError(f"{task} needs a DataSource with 'image' and 'label', got {sorted(spec)}")
-    if data.num_classes is None:
-        raise ValueError(f"{task} needs a DataSource with integer labels (num_classes), got {data.name!r}")
-    return data, tuple(spec["image"].shape[1:])
-
-
 class ImageMLPTask(Task):
-    """Cross-entropy of an MLP on flattened images: [B, H, W, C] -> hidden_sizes -> num_classes.
+    """Cross-entropy of an MLP on flattened images: [B, H, W, C] -> hidden_sizes -> num_classes
+    (the network is in the module docstring); normaliser loss / log(num_classes), clipped at 1.5.
 
-    `init_scale` multiplies the variance-scaling initialiser's std; it and `activation` (an index
-    into `activation_choices`) may be traced, which is how `ImageMLPFamily` samples them.
-    `norm`: None, "layer" or "batch" (after each hidden linear layer, before the activation).
+    Params: haiku's {"linear": {"w", "b"}, "linear_1": ..., ...} (plus LayerNorm / BatchNorm
+    scales and offsets); with norm="batch" the running statistics are the model_state.
+
+    Args:
+      dataset: a registered dataset name or a DataSource with "image" and integer "label".
+      hidden_sizes: the widths of the hidden layers.
+      activation: an activation name, or an int index (may be traced) into `activation_choices`.
+      batch_size: the batch size of a named dataset.
+      init_scale: multiplies the fan-in initialiser's std (may be traced).
+      activation_choices: the names an index `activation` picks from.
+      norm: None, "layer" or "batch": after each hidden linear layer, before the activation.
+      name: the task's name (default: derived from the dataset, sizes and norm).
     """
 
     def __init__(self, dataset: Union[str, Any] = "digits", hidden_sizes: Sequence[int] = (32,), *,
@@ -81,7 +49,7 @@ class ImageMLPTask(Task):
         self.hidden_sizes = tuple(int(h) for h in hidden_sizes)
         self.num_classes = int(self.data.num_classes)
         self.norm = norm
-        act = _activation_fn(activation, activation_choices)
+        act = activation_fn(activation, activation_choices)
         hidden, num_classes = self.hidden_sizes, self.num_classes
 
         def forward(images, is_training):
@@ -118,34 +86,33 @@ class ImageMLPTask(Task):
         return softmax_cross_entropy(logits, batch["label"]), model_state
 
     def loss(self, params: hk.Params, key: jax.Array, batch: dict) -> jax.Array:
+        """Mean cross-entropy of the batch's labels (not for norm="batch": use `loss_with_state`)."""
         if self.norm == "batch":
             raise NotImplementedError(f"{self.name} has BatchNorm state: use init_with_state / loss_with_state")
         return self.loss_with_state(params, {}, key, batch)[0]
 
 
-class ImageMLPFamily(TaskFamily):
-    """Image MLPs with per-task init scale (log-uniform) and activation (uniform over choices).
+class ImageMLPFamily(ImageClassifierFamily):
+    """Image MLPs with per-task init scale (log-uniform) and activation (uniform over choices):
+    `sample(key)` -> {"init_scale": float32 [], "activation": int32 []}.
 
-    Static config: dataset, hidden_sizes, batch_size, norm, activations.
-    `sample(key)` -> {"init_scale": [], "activation": [] int32}.
+    Args:
+      dataset: a registered dataset name or a DataSource with "image" and integer "label".
+      hidden_sizes: the widths of the hidden layers.
+      batch_size: the batch size of a named dataset.
+      init_scale_range: (lo, hi) of the log-uniform init scale.
+      activations: the activation names a task's activation is drawn from.
+      norm: None, "layer" or "batch" (see ImageMLPTask).
     """
 
     def __init__(self, dataset: Union[str, Any] = "digits", hidden_sizes: Sequence[int] = (32,), *,
                  batch_size: int = 128, init_scale_range: tuple[float, float] = (0.5, 2.0),
                  activations: Sequence[str] = ("relu", "tanh", "gelu"), norm: Optional[str] = None):
-        lo, hi = check_family_args(activations, init_scale_range)
+        super().__init__(dataset, batch_size, init_scale_range, activations, "ImageMLPFamily")
         self.hidden_sizes = tuple(int(h) for h in hidden_sizes)
-        self.batch_size = int(batch_size)
-        self.init_scale_range = (float(lo), float(hi))
-        self.activations = tuple(activations)
         self.norm = norm
-        self.data, _ = classification_data(dataset, batch_size, "ImageMLPFamily")
-        self.dataset = dataset if isinstance(dataset, str) else self.data.name
         suffix = f"_{norm}norm" if norm else ""
         self.name = f"image_mlp_family_{self.dataset}_{'x'.join(map(str, self.hidden_sizes))}{suffix}"
-
-    def sample(self, key: jax.Array) -> dict:
-        return sample_scale_and_activation(key, self.init_scale_range, len(self.activations))
 
     def task_fn(self, cfg: dict) -> ImageMLPTask:
         return ImageMLPTask(self.data, self.hidden_sizes, activation=cfg["activation"],

@@ -15,13 +15,13 @@ import jax.numpy as jnp
 from tasks import registry
 from tasks.base import Task, TaskFamily, check_range, classification_normalizer, log_uniform, softmax_cross_entropy
 from tasks.datasets.text import VOCAB_SIZE
-from tasks.image_mlp import scaled_init
+from tasks.nets import scaled_init
 
 MODELS = ("transformer", "lstm")
 
 
 def _text_data(dataset: Union[str, Any], batch_size: int):
-    data = registry.get_dataset(dataset, batch_size) if isinstance(dataset, str) else dataset
+    data = registry.resolve_dataset(dataset, batch_size)
     spec = data.element_spec("train")
     if "tokens" not in spec or len(spec["tokens"].shape) != 2:
         raise ValueError(f"byte LMs need a DataSource with 'tokens' [B, L] (see tasks.datasets.byte_sequences), "
@@ -55,8 +55,21 @@ def _lstm(tokens, *, embed_dim, hidden_size, init_scale):
 
 
 class ByteLMTask(Task):
-    """A byte-level LM. `model`: "transformer" (d_model, num_heads, num_layers) or "lstm"
-    (embed_dim, hidden_size). `init_scale` may be traced."""
+    """A byte-level LM; its loss and normaliser are in the module docstring.
+
+    Args:
+      dataset: a registered dataset name (e.g. "text:PATH") or a DataSource of {"tokens": [B, L]}.
+      model: "transformer" (reads d_model, num_heads, num_layers) or "lstm" (reads embed_dim,
+        hidden_size).
+      batch_size: the batch size of a named dataset.
+      d_model: the transformer's width (divisible by num_heads).
+      num_heads: the transformer's attention heads.
+      num_layers: the transformer's blocks.
+      embed_dim: the LSTM's byte-embedding width.
+      hidden_size: the LSTM's state width.
+      init_scale: multiplies every initialiser's std (may be traced).
+      name: the task's name (default: derived from the model and dataset).
+    """
 
     def __init__(self, dataset: Union[str, Any], model: str = "transformer", *, batch_size: int = 16,
                  d_model: int = 32, num_heads: int = 2, num_layers: int = 1, embed_dim: int = 32,
@@ -84,25 +97,48 @@ class ByteLMTask(Task):
         return self._net.apply(params, tokens.astype(jnp.int32))
 
     def loss(self, params: hk.Params, key: jax.Array, batch: dict) -> jax.Array:
+        """Mean next-byte cross-entropy of batch["tokens"] [B, L] (predicting bytes 1..L−1)."""
         del key
         tokens = batch["tokens"].astype(jnp.int32)
         logits = self.logits(params, tokens[:, :-1])
         return softmax_cross_entropy(logits.reshape(-1, VOCAB_SIZE), tokens[:, 1:].reshape(-1))
 
 
-def ByteTransformerTask(dataset: Union[str, Any], **kwargs) -> ByteLMTask:
-    """A small causal transformer byte LM (see ByteLMTask)."""
-    return ByteLMTask(dataset, "transformer", **kwargs)
+class ByteTransformerTask(ByteLMTask):
+    """A small causal transformer byte LM: ByteLMTask with model="transformer".
+
+    Args:
+      dataset: a registered dataset name or a DataSource of {"tokens": [B, L]}.
+      **kwargs: ByteLMTask's keyword arguments.
+    """
+
+    def __init__(self, dataset: Union[str, Any], **kwargs):
+        super().__init__(dataset, "transformer", **kwargs)
 
 
-def ByteLSTMTask(dataset: Union[str, Any], **kwargs) -> ByteLMTask:
-    """An LSTM byte LM (see ByteLMTask)."""
-    return ByteLMTask(dataset, "lstm", **kwargs)
+class ByteLSTMTask(ByteLMTask):
+    """An LSTM byte LM: ByteLMTask with model="lstm".
+
+    Args:
+      dataset: a registered dataset name or a DataSource of {"tokens": [B, L]}.
+      **kwargs: ByteLMTask's keyword arguments.
+    """
+
+    def __init__(self, dataset: Union[str, Any], **kwargs):
+        super().__init__(dataset, "lstm", **kwargs)
 
 
 class ByteLMFamily(TaskFamily):
-    """Byte LMs of one architecture with per-task init scale (log-uniform).
-    `sample(key)` -> {"init_scale": []}."""
+    """Byte LMs of one architecture with per-task init scale (log-uniform):
+    `sample(key)` -> {"init_scale": float32 []}.
+
+    Args:
+      dataset: a registered dataset name or a DataSource of {"tokens": [B, L]}.
+      model: "transformer" or "lstm".
+      batch_size: the batch size of a named dataset.
+      init_scale_range: (lo, hi) of the log-uniform init scale.
+      **model_kwargs: ByteLMTask's architecture arguments (d_model, num_heads, ...).
+    """
 
     def __init__(self, dataset: Union[str, Any], model: str = "transformer", *, batch_size: int = 16,
                  init_scale_range: tuple[float, float] = (0.5, 2.0), **model_kwargs):

@@ -20,7 +20,18 @@ from tasks.base import Task, TaskFamily, scaled_normalizer
 
 
 class QuadraticTask(Task):
-    """One quadratic; `curvature` and `center` may be traced arrays of shape [dim]."""
+    """One quadratic L(x) = 0.5 · mean_i h_i (x_i − c_i)² (+ gradient noise) over params {"x": [dim]}
+    (see the module docstring); no data.
+
+    Args:
+      curvature: h, [dim], positive (may be traced).
+      center: c, [dim] (may be traced).
+      init_scale: s, the std of x ~ N(0, s²I) at init.
+      noise_std: the scale of the zero-mean noise term noise_std · mean_i z_i x_i (0: exact gradients).
+      normalize: divide the loss by its expected value at init in the normaliser (clipped at 10);
+        else the normaliser is the identity.
+      name: the task's name.
+    """
 
     def __init__(self, curvature: Any, center: Any, *, init_scale: float = 1.0, noise_std: float = 0.0,
                  normalize: bool = False, name: str = "quadratic"):
@@ -53,9 +64,16 @@ class QuadraticTask(Task):
 
 
 class QuadraticFamily(TaskFamily):
-    """Quadratics with per-task curvature log-uniform in [min_curv, max_curv] and centre N(0, 1).
+    """Quadratics with per-task curvature log-uniform in [min_curvature, max_curvature] and centre
+    N(0, I): `sample(key)` -> {"curvature": float32 [dim], "center": float32 [dim]}.
 
-    `sample(key)` -> {"curvature": [dim], "center": [dim]}.
+    Args:
+      dim: the number of parameters.
+      min_curvature: the lower end of the curvature range (> 0).
+      max_curvature: the upper end of the curvature range.
+      noise_std: each task's gradient-noise scale (see QuadraticTask).
+      init_scale: each task's init std.
+      normalize: each task's normaliser divides by its expected initial loss (see QuadraticTask).
     """
 
     def __init__(self, dim: int = 10, *, min_curvature: float = 0.1, max_curvature: float = 10.0,

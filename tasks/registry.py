@@ -10,7 +10,7 @@ Path names: "npz:/path/data.npz" (`load_npz`), "text:/path/file.txt" (`byte_sequ
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Union
 
 from tasks.datasets.data_source import DataSource
 
@@ -19,11 +19,13 @@ _CACHE: dict[tuple, DataSource] = {}
 
 
 def register_dataset(name: str, factory: Callable[..., DataSource]) -> None:
-    """`factory(batch_size=...) -> DataSource`."""
+    """Registers `name`: `get_dataset(name, batch_size)` builds it with `factory(batch_size=batch_size)`,
+    a DataSource (once per process; other batch sizes reuse its arrays)."""
     _DATASETS[name] = factory
 
 
 def dataset_names() -> list[str]:
+    """The registered dataset names (the built-ins and `register_dataset`'s), sorted."""
     _ensure_builtins()
     return sorted(_DATASETS)
 
@@ -51,6 +53,11 @@ def get_dataset(name: str, batch_size: int) -> DataSource:
         base = next((v for (n, _), v in _CACHE.items() if n == name), None)
         _CACHE[key] = base.with_batch_size(batch_size) if base is not None else factory(batch_size=batch_size)
     return _CACHE[key]
+
+
+def resolve_dataset(dataset: Union[str, DataSource], batch_size: int) -> DataSource:
+    """`dataset` itself if it is a DataSource, else `get_dataset(dataset, batch_size)`."""
+    return get_dataset(dataset, batch_size) if isinstance(dataset, str) else dataset
 
 
 def _lazy(module: str, fn: str, **kwargs) -> Callable[..., DataSource]:

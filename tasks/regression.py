@@ -23,7 +23,18 @@ from tasks.datasets.data_source import DataSource, from_arrays
 
 def regression_features(dim: int, num_examples: int = 2048, batch_size: int = 64, *, condition: float = 10.0,
                         seed: int = 0) -> DataSource:
-    """{"x": [B, dim] float32} drawn from N(0, Σ) (see module doc)."""
+    """The shared design of the least-squares tasks: {"x": float32 [B, dim]} drawn from N(0, Σ).
+
+    Args:
+      dim: the number of features.
+      num_examples: the number of rows drawn (split into train / valid / test).
+      batch_size: examples per batch.
+      condition: the condition number of Σ (its eigenvalues span [1/condition, 1] before rescaling).
+      seed: the seed of the numpy draw and of the splits.
+
+    Returns:
+      A DataSource named "regression_dim{dim}".
+    """
     rng = np.random.default_rng(seed)
     lam = np.exp(rng.uniform(-np.log(condition), 0.0, dim))
     lam = lam / lam.mean()
@@ -33,8 +44,16 @@ def regression_features(dim: int, num_examples: int = 2048, batch_size: int = 64
 
 
 class LinearRegressionTask(Task):
-    """Least squares on `data` ({"x": [B, dim]}) toward `w_star` [dim] with label noise `noise_std`;
-    `w_star`, `noise_std` and `init_scale` may be traced."""
+    """Least squares L(w) = 0.5 · mean_b (x_b·w − y_b)², y = X w* + σ z, over params {"w": [dim]}
+    (see the module docstring); normaliser loss / (0.5 (1 + s² + σ²)), clipped at 10.
+
+    Args:
+      data: a DataSource of {"x": [B, dim]} (e.g. `regression_features`).
+      w_star: w*, the target weights [dim] (may be traced).
+      noise_std: σ, the label-noise std (may be traced).
+      init_scale: s: w ~ N(0, s²I/dim) at init (may be traced).
+      name: the task's name (default: from dim).
+    """
 
     def __init__(self, data: DataSource, w_star: Any, noise_std: Any = 0.1, *, init_scale: Any = 1.0,
                  name: Optional[str] = None):
@@ -59,12 +78,23 @@ class LinearRegressionTask(Task):
 
 
 class LinearRegressionFamily(TaskFamily):
-    """Least-squares tasks sharing one design; per task w* ~ N(0, I/dim) and σ log-uniform.
-    `sample(key)` -> {"w_star": [dim], "noise_std": []}."""
+    """Least-squares tasks sharing one design (`regression_features`); per task w* ~ N(0, I/dim)
+    and σ log-uniform in `noise_range`: `sample(key)` -> {"w_star": float32 [dim], "noise_std": float32 []}.
+
+    Args:
+      dim: the number of features and parameters.
+      batch_size: examples per batch.
+      num_examples: the size of the shared design.
+      condition: the condition number of the features' covariance Σ.
+      noise_range: (lo, hi), 0 < lo ≤ hi, of the label-noise std σ.
+      init_scale: each task's init scale s.
+      seed: the seed of the design (and of its splits).
+    """
 
     def __init__(self, dim: int = 10, *, batch_size: int = 64, num_examples: int = 2048, condition: float = 10.0,
                  noise_range: tuple[float, float] = (0.01, 0.5), init_scale: float = 1.0, seed: int = 0):
-        self.dim, self.noise_range, self.init_scale = int(dim), check_range(noise_range, "noise_range"), float(init_scale)
+        self.dim, self.init_scale = int(dim), float(init_scale)
+        self.noise_range = check_range(noise_range, "noise_range")
         self.data = regression_features(dim, num_examples, batch_size, condition=condition, seed=seed)
         self.name = f"linear_regression_family_dim{dim}"
 

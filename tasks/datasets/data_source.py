@@ -23,7 +23,15 @@ SPLITS = ("train", "inner_valid", "outer_valid", "test")
 
 @struct.dataclass
 class DataSource:
-    """Device-resident splits. `splits[name]` is a pytree of arrays with a leading example axis."""
+    """Device-resident splits, batched inside jit (see the module docstring). A pytree: the split
+    arrays are its leaves, the other fields static.
+
+    Attributes:
+      splits: {split name: a pytree (usually a dict) of arrays with a leading example axis}.
+      batch_size: examples per batch.
+      name: a label (task names and error messages use it).
+      num_classes: the number of classes of integer labels, or None.
+    """
 
     splits: Mapping[str, Any]
     batch_size: int = struct.field(pytree_node=False)
@@ -40,9 +48,11 @@ class DataSource:
         return jax.tree_util.tree_map(lambda a: jnp.take(a, idx, axis=0), arrays)
 
     def num_examples(self, split: str) -> int:
+        """The number of examples in `split`."""
         return int(jax.tree_util.tree_leaves(self.splits[split])[0].shape[0])
 
     def with_batch_size(self, batch_size: int) -> "DataSource":
+        """The same splits (the same device arrays) with another batch size."""
         return self.replace(batch_size=int(batch_size))
 
     def element_spec(self, split: str = "train") -> Any:
@@ -53,6 +63,15 @@ class DataSource:
 
 
 def split_fractions_to_counts(n: int, fractions: Sequence[float]) -> list[int]:
+    """How many of `n` examples each split gets: floor(f · n) each, the remainder to train.
+
+    Args:
+      n: the number of examples.
+      fractions: one non-negative fraction per split of SPLITS, summing to 1.
+
+    Returns:
+      The counts, in the order of SPLITS; ValueError if a split with a positive fraction gets none.
+    """
     if len(fractions) != len(SPLITS):
         raise ValueError(f"need one fraction per split {SPLITS}, got {fractions}")
     if any(f < 0 for f in fractions) or abs(sum(fractions) - 1.0) > 1e-6:

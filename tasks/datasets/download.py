@@ -23,15 +23,28 @@ from tasks.datasets.locate import cache_dir
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file to fetch: `url_name` under the base URL, its digest (`algorithm`: sha256 or md5)."""
+    """One file to fetch.
+
+    Attributes:
+      url_name: the file's name under the base URL (and in the dataset directory).
+      digest: its published hex digest.
+      algorithm: the digest's hashlib algorithm, "sha256" or "md5".
+      extract: a .tar.gz whose members go into the dataset directory.
+    """
     url_name: str
     digest: str
     algorithm: str = "sha256"
-    extract: bool = False  # a .tar.gz whose members go into the dataset directory
+    extract: bool = False
 
 
 @dataclass(frozen=True)
 class RemoteDataset:
+    """A dataset's download recipe.
+
+    Attributes:
+      base_url: the URL the file names are appended to (ends in "/" or gets one).
+      files: the files to fetch.
+    """
     base_url: str
     files: tuple[RemoteFile, ...]
 
@@ -62,6 +75,7 @@ class ChecksumError(ValueError):
 
 
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
+    """The hex digest of the file at `path` with hashlib's `algorithm`, read in 1 MiB chunks."""
     h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -117,6 +131,7 @@ def download(name: str, data_dir: Optional[str | os.PathLike] = None, *, base_ur
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line (see the module docstring): 0 on success, 1 (with the reason on stderr) on failure."""
     parser = argparse.ArgumentParser(prog="python -m tasks.datasets.download", description=__doc__.split("\n")[0])
     parser.add_argument("name", choices=sorted(REMOTE))
     parser.add_argument("--dir", default=None, help="root data directory (default: $LOPT_DATA_DIR or ~/.cache/lopt)")
