@@ -23,23 +23,43 @@ from flax import struct
 
 from lopt.base import LearnedOptimizer
 from outer_trainers.tree_utils import tree_all_finite, tree_where
-from outer_trainers.truncated_step import StepOut, TruncatedStep, group_any
+from outer_trainers.truncated_step import StepOut, TruncatedStep, group_episode_ends, reset_where
 from outer_trainers.truncation_schedule import TruncationSchedule, TruncationState
 from tasks.base import TaskFamily
 
 
 @struct.dataclass
 class LOptInnerState:
+    """One particle of LOptTruncatedStep: a task being trained by the learned optimizer.
+
+    Attributes:
+        task_cfg: the sampled task's configuration (a pytree from `task_family.sample`).
+        params: the task's parameters.
+        model_state: the task's non-trained state (e.g. batch-norm statistics).
+        opt_state: the learned optimizer's state.
+        inner_step: int32 [], steps taken in this episode.
+        trunc_state: the truncation schedule's TruncationState (the episode's length).
+    """
+
     task_cfg: Any
     params: Any
     model_state: Any
     opt_state: Any
-    inner_step: jax.Array  # int32 []: steps taken in this episode
+    inner_step: jax.Array
     trunc_state: TruncationState
 
 
 class LOptTruncatedStep(TruncatedStep):
-    """Trains tasks sampled from `task_family` with `learned_opt`, episodes set by `trunc_sched`."""
+    """Trains tasks sampled from `task_family` with `learned_opt`, episodes set by `trunc_sched`.
+
+    Args:
+        task_family: the TaskFamily each particle samples its task from (at every reset).
+        learned_opt: the LearnedOptimizer; θ are its meta-parameters.
+        trunc_sched: the TruncationSchedule of episode lengths.
+        meta_loss_split: None to use the normalised training loss of each step as its
+            meta-loss, or a data split (e.g. "outer_valid") whose normalised loss after the
+            update is used instead; needs a task family with data.
+    """
 
     def __init__(self, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_sched: TruncationSchedule,
                  meta_loss_split: Optional[str] = None):
@@ -60,6 +80,11 @@ class LOptTruncatedStep(TruncatedStep):
         """The task family's name: per-estimator metrics are logged under it."""
         return self.task_family.name
 
+    @property
+    def max_episode_length(self) -> Optional[int]:
+        """The truncation schedule's `max_length`."""
+        return self.trunc_sched.max_length
+
     def data_args(self) -> Any:
         return self.task_family.data
 
@@ -67,8 +92,8 @@ class LOptTruncatedStep(TruncatedStep):
         return self.learned_opt.opt_fn(theta, num_steps=trunc_state.length, is_training=True)
 
     def init(self, theta, key, *, outer_state=None, data=None, initial_offset=0) -> LOptInnerState:
-        """Fresh particle. `initial_offset` (traced int ok) starts it that many steps into its
-        first episode, which staggers the resets of particles."""
+        """A freshly sampled and initialised task; `initial_offset` starts its step counter there
+        (clipped to the episode's length − 1), so its first episode is that much shorter."""
         k_cfg, k_init, k_trunc = jax.random.split(key, 3)
         cfg = self.task_family.sample(k_cfg)
         task = self.task_family.task_fn(cfg)
@@ -131,12 +156,7 @@ class LOptTruncatedStep(TruncatedStep):
         advanced, out = jax.vmap(
             lambda th, s, k: self._advance(th, s, k, outer_state, data), in_axes=(th_axis, 0, 0))(
                 thetas, states, keys)
-        if reset_groups > 1:
-            out = out.replace(is_done=group_any(out.is_done, reset_groups))
-
-        def reset(adv):
-            fresh = jax.vmap(lambda th, k: self.init(th, self._step_keys(k)[2], outer_state=outer_state, data=data),
-                             in_axes=(th_axis, 0))(thetas, keys)
-            return tree_where(out.is_done, fresh, adv)
-
-        return jax.lax.cond(jnp.any(out.is_done), reset, lambda adv: adv, advanced), out
+        out = out.replace(is_done=group_episode_ends(out.is_done, reset_groups)[0])
+        fresh = lambda: jax.vmap(lambda th, k: self.init(th, self._step_keys(k)[2], outer_state=outer_state,
+                                                         data=data), in_axes=(th_axis, 0))(thetas, keys)
+        return reset_where(out.is_done, advanced, fresh), out

@@ -3,6 +3,7 @@
 - `tree_where(pred, a, b)`: leafwise `jnp.where` with a scalar or leading-axis predicate.
 - `tree_all_finite(tree)`: whether every inexact leaf is finite.
 - `masked_mean(x, mask)`: the mean of x over the entries where mask holds.
+- `tree_weighted_sum(w, tree)`: Σ_i w_i x_i over the leading axis of every leaf (e.g. ĝ = Σ_i w_i ε_i).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def tree_all_finite(tree: Any) -> jax.Array:
         bool []: True iff no inexact leaf holds a NaN or an infinity (True for a tree without any).
     """
     leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)
-                        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+              if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
@@ -55,3 +56,16 @@ def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
         float [] of x's dtype.
     """
     return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask.astype(x.dtype)), 1.0)
+
+
+def tree_weighted_sum(w: jax.Array, tree: Any) -> Any:
+    """Σ_i w_i x_i over the leading axis of every leaf (e.g. an ES estimate Σ_i w_i ε_i).
+
+    Args:
+        w: float [N].
+        tree: a pytree with leaves [N, ...].
+
+    Returns:
+        A pytree of that structure with leaves [...].
+    """
+    return jax.tree_util.tree_map(lambda x: jnp.tensordot(w, x, axes=1), tree)

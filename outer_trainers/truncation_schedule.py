@@ -5,8 +5,9 @@
 
 `step` is the number of inner steps taken in the current episode; when it reaches the
 length the episode is done and a fresh length is drawn. `done(trunc_state, step)` is the same
-test without drawing (a step that resets re-initialises its truncation state anyway). Schedules are frozen dataclasses,
-hashable by value.
+test without drawing (a step that resets re-initialises its truncation state anyway).
+`max_length` is the longest episode a schedule can produce (None: unbounded, or episodes never
+end). Schedules are frozen dataclasses, hashable by value.
 """
 from __future__ import annotations
 
@@ -23,20 +24,65 @@ NEVER = 2**31 - 1
 
 @struct.dataclass
 class TruncationState:
-    length: jax.Array  # int32 []: inner steps in this episode
+    """The per-particle state of a truncation schedule.
+
+    Attributes:
+        length: int32 [], the number of inner steps of the current episode.
+    """
+
+    length: jax.Array
 
 
 class TruncationSchedule:
+    """Base class of truncation schedules: subclasses implement `init`.
+
+    Attributes:
+        max_length: Optional[int], the longest episode the schedule can produce; None when
+            episodes are unbounded or never end. Estimators that unroll whole episodes (FullES,
+            FullGrad) read it, through `TruncatedStep.max_episode_length`, as their default length.
+    """
+
+    max_length: Optional[int] = None
+
     def init(self, key: jax.Array, outer_state: Optional[Any] = None) -> TruncationState:
+        """The truncation state of a fresh episode (its length drawn with `key`).
+
+        Args:
+            key: PRNG key for random lengths.
+            outer_state: the outer iteration (for curricula) or None; may be ignored.
+
+        Returns:
+            A TruncationState.
+        """
         raise NotImplementedError
 
     def done(self, trunc_state: TruncationState, step: jax.Array, outer_state: Optional[Any] = None) -> jax.Array:
-        """Whether an episode with `trunc_state` is over after `step` inner steps (no randomness)."""
+        """Whether an episode with `trunc_state` is over after `step` inner steps (no randomness).
+
+        Args:
+            trunc_state: the episode's TruncationState.
+            step: int32 [], inner steps taken in the episode.
+            outer_state: the outer iteration or None; may be ignored.
+
+        Returns:
+            bool [].
+        """
         del outer_state
         return step >= trunc_state.length
 
     def next_state(self, trunc_state: TruncationState, step: jax.Array, key: jax.Array,
                    outer_state: Optional[Any] = None) -> tuple[TruncationState, jax.Array]:
+        """`done` plus the state of the next step: a fresh `init(key)` if the episode is over.
+
+        Args:
+            trunc_state: the episode's TruncationState.
+            step: int32 [], inner steps taken in the episode.
+            key: PRNG key for the fresh state.
+            outer_state: the outer iteration or None; may be ignored.
+
+        Returns:
+            (trunc_state, is_done): the state to continue with and bool [].
+        """
         is_done = self.done(trunc_state, step, outer_state)
         fresh = self.init(key, outer_state)
         new = jax.tree_util.tree_map(lambda a, b: jnp.where(is_done, a, b), fresh, trunc_state)
@@ -45,13 +91,22 @@ class TruncationSchedule:
 
 @dataclasses.dataclass(frozen=True)
 class ConstantTruncationSchedule(TruncationSchedule):
-    """Every episode is `length` inner steps."""
+    """Every episode is `length` inner steps.
+
+    Args:
+        length: inner steps per episode, >= 1 (also `max_length`).
+    """
 
     length: int
 
     def __post_init__(self):
         if self.length < 1:
             raise ValueError(f"ConstantTruncationSchedule length must be >= 1, got {self.length}")
+
+    @property
+    def max_length(self) -> int:
+        """`length`: every episode is the longest."""
+        return self.length
 
     def init(self, key, outer_state=None):
         del key, outer_state
@@ -60,10 +115,18 @@ class ConstantTruncationSchedule(TruncationSchedule):
 
 @dataclasses.dataclass(frozen=True)
 class LogUniformTruncationSchedule(TruncationSchedule):
-    """Episode lengths drawn log-uniformly from [min_length, max_length] (integers)."""
+    """Episode lengths drawn log-uniformly from the integers in [min_length, max_length].
+
+    length = clip(⌊exp(u)⌋, min_length, max_length),  u ~ U[log min_length, log(max_length + 1)).
+
+    Args:
+        min_length: the shortest episode, >= 1.
+        max_length: the longest episode, >= min_length.
+    """
 
     min_length: int
-    max_length: int
+    # field() keeps the argument required: a plain annotation would inherit the base's None as default
+    max_length: int = dataclasses.field()
 
     def __post_init__(self):
         if not 1 <= self.min_length <= self.max_length:
@@ -78,7 +141,7 @@ class LogUniformTruncationSchedule(TruncationSchedule):
 
 @dataclasses.dataclass(frozen=True)
 class NeverEndingTruncationSchedule(TruncationSchedule):
-    """One episode that never ends (online problems); is_done is always False."""
+    """One episode that never ends (online problems): `done` is always False, `max_length` None."""
 
     def init(self, key, outer_state=None):
         del key, outer_state

@@ -32,6 +32,7 @@ import lopt
 from lopt.file_io import update_markdown_section
 import outer_trainers as ot
 from outer_trainers import unroll as U
+from outer_trainers.estimators import antithetic as A
 import tasks
 
 NUM_TASKS, TRUNC = 8, 50
@@ -58,8 +59,8 @@ def estimator_factories() -> dict:
         "TruncatedES": lambda s: ot.TruncatedES(s, n, K, std=0.01),
         "NoiseReuseES": lambda s: ot.NoiseReuseES(s, n, K, std=0.01),
         "TruncatedGrad": lambda s: ot.TruncatedGrad(s, n, K),
-        "FullES": lambda s: ot.FullES(s, n, unroll_length=K, std=0.01),
-        "FullGrad": lambda s: ot.FullGrad(s, n, unroll_length=K),
+        "FullES": lambda s: ot.FullES(s, n, K, std=0.01),
+        "FullGrad": lambda s: ot.FullGrad(s, n, K),
     }
     d = 1
     while d <= jax.local_device_count() and n % d == 0:
@@ -178,11 +179,11 @@ def breakdown_fns(step, theta, num_calls: int) -> dict:
     per_particle = lambda th: jax.tree_util.tree_map(lambda t: jax.numpy.broadcast_to(t, (2 * n,) + t.shape), th)
     parts = {
         "unroll only, θ shared": jit(lambda th, s, k: U.unroll(step, th, s.inner_state, k, K, theta_batched=False,
-                                                                key_groups=2, data=step.data_args())),
+                                                                reset_groups=2, data=step.data_args())),
         "unroll only, θ per particle": jit(lambda th, s, k: U.unroll(step, per_particle(th), s.inner_state, k, K,
-                                                                      key_groups=2, data=step.data_args())),
-        "perturbation draw (ε, θ ± ε)": jit(lambda th, s, k: U.tree_stack_pm(
-            th, U.sample_perturbations(th, jax.random.split(k)[0], n, std))),
+                                                                      reset_groups=2, data=step.data_args())),
+        "perturbation draw (ε, θ ± ε)": jit(lambda th, s, k: A.tree_stack_pm(
+            th, A.sample_perturbations(th, jax.random.split(k)[0], n, std))),
     }
     keys = list(jax.random.split(jax.random.key(1), num_calls))
     fns = {name: (lambda f: lambda: f(theta, state, keys[0]))(f) for name, f in parts.items()}

@@ -36,6 +36,7 @@ from tasks.quadratics import QuadraticTask
 
 ONLINE = ("TruncatedES", "TruncatedPES", "NoiseReuseES", "TruncatedGrad")
 WHOLE_EPISODE = ("FullES", "FullGrad")
+BACKPROP = ("TruncatedGrad", "FullGrad")  # no perturbations, so no std
 
 
 def make_problem(problem: str, episode_length: int):
@@ -82,9 +83,10 @@ def sample_estimates(est: ot.GradientEstimator, theta, num_estimates: int, repli
 
 
 def make_estimator(name: str, ts, num_tasks: int, trunc_length: int, episode_length: int, std: float):
-    if name in WHOLE_EPISODE:
-        return getattr(ot, name)(ts, num_tasks, episode_length, std)
-    return getattr(ot, name)(ts, num_tasks, trunc_length, std)
+    """The estimator `name`: whole-episode ones unroll `episode_length` steps, online ones truncations
+    of `trunc_length`; the ES ones perturb with σ = `std`."""
+    length = episode_length if name in WHOLE_EPISODE else trunc_length
+    return getattr(ot, name)(ts, num_tasks, length, **({} if name in BACKPROP else {"std": std}))
 
 
 def estimator_variances(names: Sequence[str] = ONLINE + WHOLE_EPISODE, *, problem: str = "quadratic",

@@ -1,9 +1,12 @@
 """FullES: antithetic ES over whole episodes, each estimate from fresh particles.
 
 Particle pair i starts a fresh episode with θ ± ε_i, ε_i ~ N(0, σ²I), and runs until its episode
-ends (the first `is_done`) or `unroll_length` steps have passed. Its meta-loss L±_i is
+ends (the first `is_done`) or `unroll_length` steps have passed (default: the truncated step's
+`max_episode_length`). Its meta-loss L±_i (see `full_episode`) is
 
-    avg:  the mean of the episode's (unmasked) step losses;   last: the final step's loss.
+    avg:  the mean of the episode's counted step losses;   last: the last counted step's loss,
+
+where both halves count the same steps: those on which neither half's loss is masked out.
 
     Δ_i = L⁺_i − L⁻_i,  optionally  Δ_i ← clip(Δ_i, −c, c)  and/or  Δ_i ← s · sign(Δ_i)
     ĝ = mean_i Δ_i ε_i / (2σ²)
@@ -15,10 +18,6 @@ The unroll runs in one jit: a `lax.while_loop` over chunks of `chunk_length` ste
 each) that stops as soon as every particle's episode has ended, so short episodes drawn from a
 random-length schedule cost only their length. Losses are accumulated on the fly, so memory
 does not grow with the episode length.
-
-Constructor: `FullES(truncated_step, num_tasks, unroll_length=None, std=0.01, *, loss_type="avg",
-clip_loss_diff=None, sign_delta_loss_scalar=None, chunk_length=32)`; `unroll_length` defaults to
-the longest episode of the step's truncation schedule (`trunc_sched.length` / `.max_length`).
 """
 from __future__ import annotations
 
@@ -29,11 +28,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.tree_utils import masked_mean
+from outer_trainers.estimators import antithetic as A
+from outer_trainers.estimators.full_episode import LOSS_TYPES, EpisodeLoss, episode_unroll_length
 from outer_trainers.estimators.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.tree_utils import masked_mean, tree_weighted_sum
 from outer_trainers.truncated_step import TruncatedStep
-
-LOSS_TYPES = ("avg", "last")
 
 
 @struct.dataclass
@@ -41,32 +40,39 @@ class FullESState:
     """FullES keeps nothing between estimates: every estimate starts fresh episodes."""
 
 
-def max_episode_length(truncated_step: TruncatedStep, unroll_length: Optional[int]) -> int:
-    """`unroll_length`, or the longest episode the step's `trunc_sched` can produce."""
-    if unroll_length is not None:
-        if int(unroll_length) < 1:
-            raise ValueError(f"unroll_length must be >= 1, got {unroll_length}")
-        return int(unroll_length)
-    sched = getattr(truncated_step, "trunc_sched", None)
-    for attr in ("length", "max_length"):
-        if isinstance(getattr(sched, attr, None), int):
-            return int(getattr(sched, attr))
-    raise ValueError(f"cannot infer the episode length of {type(truncated_step).__name__} "
-                     f"(truncation schedule {sched!r}); pass unroll_length=")
+def init_pm_particles(ts: TruncatedStep, thetas, key: jax.Array, num: int, outer_state, data):
+    """Fresh particles of N pairs, each initialised with its own perturbed θ.
 
+    Args:
+        ts: the TruncatedStep.
+        thetas: [θ + ε ; θ − ε], leaves [2N, ...].
+        key: PRNG key; pair i's halves share the init key split(key, N)[i].
+        num: N.
+        outer_state: the outer iteration or None.
+        data: the arrays of `ts.data_args()` as passed through jit, or None.
 
-def init_pm_particles(ts: TruncatedStep, thetas, key, num: int, outer_state, data):
-    """Fresh ± particles [2N] for thetas [2N] = [θ+ε; θ−ε]; pair i and i+N share the init key."""
-    keys = jax.random.split(key, num)
-    keys = jnp.concatenate([keys, keys], axis=0)
+    Returns:
+        Particle states with leaves [2N, ...], + halves first.
+    """
+    keys = U.tile(jax.random.split(key, num), 2)
     return jax.vmap(lambda th, k: ts.init(th, k, outer_state=outer_state, data=data))(thetas, keys)
 
 
-def episode_meta_loss(loss_type: str, loss_sum, count, last):
-    return loss_sum / jnp.maximum(count, 1.0) if loss_type == "avg" else last
-
-
 class FullES(GradientEstimator):
+    """Antithetic ES over whole episodes (see the module docstring).
+
+    Args:
+        truncated_step: the unrolled system; every estimate starts fresh episodes of it.
+        num_tasks: N, the number of ± pairs, >= 1.
+        unroll_length: T, the most steps an episode runs; None for the step's `max_episode_length`.
+        std: σ of the perturbations ε_i, > 0.
+        loss_type: the episode meta-loss L, "avg" (mean counted step loss) or "last" (the last one).
+        clip_loss_diff: c, clip Δ_i to [−c, c] (> 0), or None.
+        sign_delta_loss_scalar: s, replace Δ_i by s · sign(Δ_i) (after clipping), or None.
+        chunk_length: steps per chunk of the unroll (the early-stop test runs between chunks).
+        compiler_options: XLA compile options (see `GradientEstimator`).
+    """
+
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, unroll_length: Optional[int] = None,
                  std: float = 0.01, *, loss_type: str = "avg", clip_loss_diff: Optional[float] = None,
                  sign_delta_loss_scalar: Optional[float] = None, chunk_length: int = 32,
@@ -80,7 +86,7 @@ class FullES(GradientEstimator):
         if clip_loss_diff is not None and not clip_loss_diff > 0:
             raise ValueError(f"clip_loss_diff must be > 0 or None, got {clip_loss_diff}")
         self.num_tasks, self.std, self.loss_type = int(num_tasks), float(std), loss_type
-        self.unroll_length = max_episode_length(truncated_step, unroll_length)
+        self.unroll_length = episode_unroll_length(truncated_step, unroll_length)
         self.chunk_length = max(1, min(int(chunk_length), self.unroll_length))
         self.clip_loss_diff = clip_loss_diff
         self.sign_delta_loss_scalar = sign_delta_loss_scalar
@@ -99,44 +105,38 @@ class FullES(GradientEstimator):
     def _estimate(self, theta, state, key, outer_state, data):
         n, T, c = self.num_tasks, self.unroll_length, self.chunk_length
         k_eps, k_init, k_unroll = jax.random.split(key, 3)
-        eps = U.sample_perturbations(theta, k_eps, n, self.std)
-        thetas = U.tree_stack_pm(theta, eps)
+        eps = A.sample_perturbations(theta, k_eps, n, self.std)
+        thetas = A.tree_stack_pm(theta, eps)
         states = init_pm_particles(self.truncated_step, thetas, k_init, n, outer_state, data)
         ts = self.truncated_step
 
         def step(carry, t):
-            states, active, loss_sum, count, last, nonfinite = carry
+            states, episodes = carry
             keys = jax.random.split(jax.random.fold_in(k_unroll, t), n)
-            states, out = ts.batched_step(thetas, states, jnp.concatenate([keys, keys], axis=0),
-                                          outer_state=outer_state, data=data, reset_groups=2)
-            act = active & (t < T)
-            use = act & jnp.tile(out.mask[:n] & out.mask[n:], 2)  # both halves count the same steps
-            loss = jnp.where(use, out.loss, 0.0)
-            carry = (states, act & ~out.is_done, loss_sum + loss, count + use, jnp.where(use, out.loss, last),
-                     nonfinite + (act & ~out.mask))
-            return carry, None
+            states, out = ts.batched_step(thetas, states, U.tile(keys, 2), outer_state=outer_state, data=data,
+                                          reset_groups=2)
+            both = jnp.tile(out.mask[:n] & out.mask[n:], 2)  # both halves count the same steps
+            return (states, episodes.add(t, T, out, both)), None
 
         def chunk(args):
             i, carry = args
             carry, _ = jax.lax.scan(step, carry, i * c + jnp.arange(c))
             return i + 1, carry
 
-        num_chunks = -(-T // c)
-        zeros = jnp.zeros((2 * n,), jnp.float32)
-        carry = (states, jnp.ones((2 * n,), bool), zeros, zeros, zeros, jnp.zeros((2 * n,), jnp.int32))
-        _, (_, active, loss_sum, count, last, nonfinite) = jax.lax.while_loop(
-            lambda a: (a[0] < num_chunks) & jnp.any(a[1][1]), chunk, (jnp.asarray(0), carry))
+        def running(args):  # chunks left, and some episode has not ended
+            i, (_, episodes) = args
+            return (i < -(-T // c)) & jnp.any(episodes.active)
 
-        L = episode_meta_loss(self.loss_type, loss_sum, count, last)
-        valid = (count[:n] > 0) & (count[n:] > 0)
-        diff = jnp.where(valid, L[:n] - L[n:], 0.0)
+        _, (_, episodes) = jax.lax.while_loop(running, chunk, (jnp.asarray(0), (states, EpisodeLoss.zeros((2 * n,)))))
+
+        L = episodes.meta_loss(self.loss_type)
+        diff = A.pair_loss_diff(L, episodes.count > 0)
         if self.clip_loss_diff is not None:
             diff = jnp.clip(diff, -self.clip_loss_diff, self.clip_loss_diff)
         if self.sign_delta_loss_scalar is not None:
             diff = jnp.sign(diff) * self.sign_delta_loss_scalar
-        scale = diff / (2 * self.std**2 * n)
-        grad = jax.tree_util.tree_map(lambda e: jnp.tensordot(scale, e, axes=1), eps)
-        loss = masked_mean(L, count > 0)
-        metrics = {"nonfinite": jnp.sum(nonfinite), "resets": jnp.sum(~active),
-                   "episode_steps": jnp.max(count)}
+        grad = tree_weighted_sum(diff / (2 * self.std**2 * n), eps)
+        loss = masked_mean(L, episodes.count > 0)
+        metrics = {"nonfinite": jnp.sum(episodes.nonfinite), "resets": jnp.sum(~episodes.active),
+                   "episode_steps": jnp.max(episodes.count)}
         return state, Estimate(grad, loss, metrics)

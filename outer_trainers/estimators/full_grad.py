@@ -1,8 +1,9 @@
 """FullGrad: backprop through whole episodes, rematerialised.
 
-Each estimate starts N fresh particles with θ and runs them `unroll_length` steps; particle i's
-meta-loss is the mean (`avg`) or final (`last`) unmasked step loss of its first episode (steps
-after its first `is_done` are ignored). Then
+Each estimate starts N fresh particles with θ and runs them `unroll_length` steps (default: the
+truncated step's `max_episode_length`); particle i's meta-loss L_i is the mean (`avg`) or last
+(`last`) counted step loss of its first episode (steps after its first `is_done` are ignored;
+see `full_episode`). Then
 
     ĝ = mean_{i finite} ∇θ L_i(θ)
 
@@ -10,12 +11,10 @@ exactly, through the init and every step. Memory: steps are grouped in chunks of
 `chunk_length` (default ⌈√T⌉); only chunk-boundary states are stored and each chunk is
 recomputed, with each step checkpointed, on the backward pass — O((T/c + c) · state).
 
-Constructor: `FullGrad(truncated_step, num_tasks, unroll_length=None, std=0.0, *, loss_type="avg",
-chunk_length=None)`; `unroll_length` defaults to the truncation schedule's longest episode and
-`std` is unused. Particle i's init key is split(split(k_init)[0], N)[i] (as `init_particles`)
-and its step-t key fold_in(split(k_unroll, N)[i], t) with (k_init, k_unroll) = split(key), so
-`TruncatedGrad` with K = T started from `init_state(θ, k_init)` and estimated with `k_unroll`
-returns the same gradient.
+Particle i's init key is split(split(k_init)[0], N)[i] (as `init_particles`) and its step-t
+key fold_in(split(k_unroll, N)[i], t) with (k_init, k_unroll) = split(key), so `TruncatedGrad`
+with K = T started from `init_state(θ, k_init)` and estimated with `k_unroll` returns the same
+gradient.
 """
 from __future__ import annotations
 
@@ -26,11 +25,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from outer_trainers import unroll as U
-from outer_trainers.tree_utils import masked_mean
-from outer_trainers.estimators.full_es import LOSS_TYPES, episode_meta_loss, max_episode_length
+from outer_trainers.estimators.full_episode import LOSS_TYPES, EpisodeLoss, episode_unroll_length
 from outer_trainers.estimators.gradient_estimator import Estimate, GradientEstimator
 from outer_trainers.estimators.truncated_grad import mean_finite_grads, particle_step_fn
+from outer_trainers.tree_utils import masked_mean
 from outer_trainers.truncated_step import TruncatedStep
 
 
@@ -40,15 +38,25 @@ class FullGradState:
 
 
 class FullGrad(GradientEstimator):
-    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, unroll_length: Optional[int] = None,
-                 std: float = 0.0, *, loss_type: str = "avg", chunk_length: Optional[int] = None,
-                 compiler_options: Optional[dict] = None):
+    """Exact gradient of whole episodes' meta-loss by rematerialised backprop (see the module docstring).
+
+    Args:
+        truncated_step: the unrolled system; every estimate starts fresh episodes of it.
+        num_tasks: N, the number of particles, >= 1.
+        unroll_length: T, the most steps an episode runs; None for the step's `max_episode_length`.
+        loss_type: the episode meta-loss L, "avg" (mean counted step loss) or "last" (the last one).
+        chunk_length: c, steps per rematerialised chunk; None for ⌈√T⌉.
+        compiler_options: XLA compile options (see `GradientEstimator`).
+    """
+
+    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, unroll_length: Optional[int] = None, *,
+                 loss_type: str = "avg", chunk_length: Optional[int] = None, compiler_options: Optional[dict] = None):
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-        self.num_tasks, self.std, self.loss_type = int(num_tasks), float(std), loss_type
-        self.unroll_length = max_episode_length(truncated_step, unroll_length)
+        self.num_tasks, self.loss_type = int(num_tasks), loss_type
+        self.unroll_length = episode_unroll_length(truncated_step, unroll_length)
         c = math.isqrt(self.unroll_length - 1) + 1 if chunk_length is None else int(chunk_length)
         self.chunk_length = max(1, min(c, self.unroll_length))
         self.name = f"FullGrad(n={num_tasks},T={self.unroll_length},{loss_type})"
@@ -71,25 +79,18 @@ class FullGrad(GradientEstimator):
 
         def particle_loss(th, ikey, pkey):
             def one(carry, t):
-                s, active, loss_sum, count, last, nonfinite = carry
+                s, episode = carry
                 s, out = step(th, s, jax.random.fold_in(pkey, t))
-                act = active & (t < T)
-                use = act & out.mask
-                loss = jnp.where(use, out.loss, 0.0)
-                return (s, act & ~out.is_done, loss_sum + loss, count + use, jnp.where(use, out.loss, last),
-                        nonfinite + (act & ~out.mask)), None
+                return (s, episode.add(t, T, out, out.mask)), None
 
             @jax.checkpoint
             def chunk(carry, i):
                 return jax.lax.scan(one, carry, i * c + jnp.arange(c))[0], None
 
-            s0 = ts.init(th, ikey, outer_state=outer_state, data=data)
-            zero = jnp.zeros((), jnp.float32)
-            carry = (s0, jnp.asarray(True), zero, zero, zero, jnp.zeros((), jnp.int32))
-            carry, _ = jax.lax.scan(chunk, carry, jnp.arange(-(-T // c)))
-            _, active, loss_sum, count, last, nonfinite = carry
-            L = episode_meta_loss(self.loss_type, loss_sum, count, last)
-            return L, (jax.lax.stop_gradient(L), count, ~active, nonfinite)
+            carry = (ts.init(th, ikey, outer_state=outer_state, data=data), EpisodeLoss.zeros(()))
+            (_, episode), _ = jax.lax.scan(chunk, carry, jnp.arange(-(-T // c)))
+            L = episode.meta_loss(self.loss_type)
+            return L, (jax.lax.stop_gradient(L), episode.count, ~episode.active, episode.nonfinite)
 
         grads, (losses, count, ended, nonfinite) = jax.vmap(jax.grad(particle_loss, has_aux=True),
                                                             in_axes=(None, 0, 0))(

@@ -26,8 +26,16 @@ from outer_trainers.truncated_step import TruncatedStep
 
 @struct.dataclass
 class Estimate:
-    grad: Any  # theta-shaped meta-gradient estimate
-    loss: jax.Array  # float32 []: mean meta-loss of the unroll(s) behind the estimate
+    """One meta-gradient estimate.
+
+    Attributes:
+        grad: the θ-shaped meta-gradient estimate.
+        loss: float32 [], the mean meta-loss of the unroll(s) behind the estimate.
+        metrics: dict of scalars, e.g. "nonfinite" (non-finite steps seen) and "resets" (episodes ended).
+    """
+
+    grad: Any
+    loss: jax.Array
     metrics: dict = struct.field(default_factory=dict)
 
 
@@ -35,7 +43,11 @@ CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
 def default_compiler_options() -> dict:
-    """XLA options the estimators compile with: `CPU_COMPILER_OPTIONS` on the CPU backend, none elsewhere."""
+    """XLA options the estimators compile with: `CPU_COMPILER_OPTIONS` on the CPU backend, none elsewhere.
+
+    Returns:
+        A new dict (safe to modify).
+    """
     return dict(CPU_COMPILER_OPTIONS) if jax.default_backend() == "cpu" else {}
 
 
@@ -55,8 +67,21 @@ class _OptionsJit:
 
 
 class GradientEstimator:
-    """Base class: subclasses implement `_init_state(theta, key, outer_state, data)` and
-    `_estimate(theta, state, key, outer_state, data)`; this class jits them once."""
+    """Base class of gradient estimators: jits a subclass's `_init_state` and `_estimate` once.
+
+    Subclasses implement `_init_state(theta, key, outer_state, data)` and
+    `_estimate(theta, state, key, outer_state, data)`, pure functions that this class compiles
+    (with `compiler_options`) the first time `init_state` / `estimate` are called.
+
+    Args:
+        truncated_step: the TruncatedStep whose unrolls are differentiated.
+        compiler_options: XLA compile options of the jitted functions; None for
+            `default_compiler_options()`, {} for XLA's defaults.
+
+    Attributes:
+        name: the estimator's label in logs and checkpoint metadata, e.g. "TruncatedPES(n=8,K=20)";
+            also its repr.
+    """
 
     truncated_step: TruncatedStep
     name: str = "estimator"
@@ -77,10 +102,32 @@ class GradientEstimator:
         return 0
 
     def init_state(self, theta: Any, key: jax.Array, *, outer_state: Optional[Any] = None) -> Any:
+        """The estimator's state before its first estimate (e.g. fresh particles).
+
+        Args:
+            theta: the meta-parameters.
+            key: PRNG key.
+            outer_state: the outer iteration (an int or traced int32 []) or None; passed to the
+                truncated step (e.g. for curricula).
+
+        Returns:
+            The estimator's state, a pytree (a flax.struct dataclass).
+        """
         return self._jit_init(theta, key, _outer(outer_state), self.truncated_step.data_args())
 
     def estimate(self, theta: Any, state: Any, key: jax.Array, *,
                  outer_state: Optional[Any] = None) -> tuple[Any, Estimate]:
+        """One meta-gradient estimate at θ, carrying the estimator's state on.
+
+        Args:
+            theta: the meta-parameters.
+            state: the estimator's state (from `init_state` or the previous `estimate`).
+            key: PRNG key of this estimate.
+            outer_state: the outer iteration (an int or traced int32 []) or None.
+
+        Returns:
+            (state, Estimate): the new state and the estimate.
+        """
         return self._jit_estimate(theta, state, key, _outer(outer_state), self.truncated_step.data_args())
 
     def _init_state(self, theta, key, outer_state, data):
@@ -90,37 +137,67 @@ class GradientEstimator:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name})"
+        return self.name
 
 
 class TruncatedEstimator(GradientEstimator):
-    """Base of estimators that carry `num_tasks` particles across truncations of `trunc_length`
-    inner steps. Antithetic ones run a + and a − particle per task (2 · num_tasks in all) and
-    need std > 0; `random_initial_iteration_offset` staggers the particles' first episodes."""
+    """Base of estimators that carry `num_tasks` particles across truncations of `trunc_length` steps.
 
-    antithetic: bool = True
+    Args:
+        truncated_step: the TruncatedStep whose unrolls are differentiated.
+        num_tasks: N, the number of particles (of ± pairs for antithetic estimators), >= 1.
+        trunc_length: K, inner steps per truncation (per `estimate`), >= 1.
+        random_initial_iteration_offset: if > 0, each particle starts a uniform-random number of
+            steps in [0, random_initial_iteration_offset] into its first episode, which staggers
+            the particles' resets (see `unroll.init_particles`).
+        compiler_options: XLA compile options; see `GradientEstimator`.
+    """
 
-    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
-                 random_initial_iteration_offset: int = 0, *, compiler_options: Optional[dict] = None):
+    particles_per_task: int = 1
+
+    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, *,
+                 random_initial_iteration_offset: int = 0, compiler_options: Optional[dict] = None):
         if num_tasks < 1 or trunc_length < 1:
             raise ValueError(f"num_tasks and trunc_length must be >= 1, got {num_tasks}, {trunc_length}")
-        if self.antithetic and not std > 0:
-            raise ValueError(f"std must be > 0, got {std}")
         if random_initial_iteration_offset < 0:
             raise ValueError(f"random_initial_iteration_offset must be >= 0, got {random_initial_iteration_offset}")
-        self.num_tasks, self.trunc_length, self.std = int(num_tasks), int(trunc_length), float(std)
+        self.num_tasks, self.trunc_length = int(num_tasks), int(trunc_length)
         self.random_initial_iteration_offset = int(random_initial_iteration_offset)
         self.name = f"{type(self).__name__}(n={num_tasks},K={trunc_length})"
         super().__init__(truncated_step, compiler_options)
 
     @property
     def inner_steps_per_estimate(self) -> int:
-        return (2 if self.antithetic else 1) * self.num_tasks * self.trunc_length
+        return self.particles_per_task * self.num_tasks * self.trunc_length
 
     def _init_particles(self, theta, key, outer_state, data):
         """`num_tasks` fresh (staggered) particles: states with a leading [num_tasks] axis."""
         return U.init_particles(self.truncated_step, theta, key, self.num_tasks, outer_state=outer_state, data=data,
                                 max_offset=self.random_initial_iteration_offset)
+
+
+class AntitheticTruncatedEstimator(TruncatedEstimator):
+    """Base of truncated ES estimators: N antithetic pairs θ ± ε_i, ε_i ~ N(0, σ²I) (2N particles).
+
+    Args:
+        truncated_step: the TruncatedStep whose unrolls are differentiated.
+        num_tasks: N, the number of ± particle pairs, >= 1.
+        trunc_length: K, inner steps per truncation (per `estimate`), >= 1.
+        std: σ, the standard deviation of the perturbations, > 0.
+        random_initial_iteration_offset: staggers the first episodes; see `TruncatedEstimator`.
+        compiler_options: XLA compile options; see `GradientEstimator`.
+    """
+
+    particles_per_task = 2
+
+    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01, *,
+                 random_initial_iteration_offset: int = 0, compiler_options: Optional[dict] = None):
+        if not std > 0:
+            raise ValueError(f"std must be > 0, got {std}")
+        self.std = float(std)
+        super().__init__(truncated_step, num_tasks, trunc_length,
+                         random_initial_iteration_offset=random_initial_iteration_offset,
+                         compiler_options=compiler_options)
 
 
 def _outer(outer_state: Optional[Any]) -> Optional[Any]:

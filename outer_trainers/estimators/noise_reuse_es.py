@@ -19,28 +19,40 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.estimators.gradient_estimator import Estimate, TruncatedEstimator
-from outer_trainers.tree_utils import tree_where
+from outer_trainers.estimators import antithetic as A
+from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, Estimate
+from outer_trainers.tree_utils import tree_weighted_sum, tree_where
 
 
 @struct.dataclass
 class NRESState:
-    inner_state: object  # [2N] particles: + half then − half
-    eps: object  # theta-shaped with leading [N]: each particle's perturbation for its current episode
+    """NoiseReuseES's state between truncations.
+
+    Attributes:
+        inner_state: the 2N particles' states, leaves [2N, ...]: the + halves, then the − halves.
+        eps: each pair's perturbation ε_i for its current episode, θ-shaped with a leading [N] axis.
+    """
+
+    inner_state: object
+    eps: object
 
 
-def _weighted_sum(w: jax.Array, tree: object) -> object:
-    """Σ_i w_i x_i over the leading axis of every leaf: w [N], leaves [N, ...] -> [...]."""
-    return jax.tree_util.tree_map(lambda x: jnp.tensordot(w, x, axes=1), tree)
+class NoiseReuseES(AntitheticTruncatedEstimator):
+    """Noise-reuse ES: one perturbation per pair and episode (see the module docstring).
 
-
-class NoiseReuseES(TruncatedEstimator):
-    """NRES with `num_tasks` antithetic particle pairs and truncations of `trunc_length` steps."""
+    Args:
+        truncated_step: the unrolled system; each pair carries a + and a − state of it.
+        num_tasks: N, the number of ± pairs, each with the perturbation ε_i of its episode.
+        trunc_length: K, the steps of one truncation (one `estimate`).
+        std: σ of the perturbations, drawn when a pair's episode starts.
+        random_initial_iteration_offset: staggers the pairs' first episodes (see `TruncatedEstimator`).
+        compiler_options: XLA compile options (see `GradientEstimator`).
+    """
 
     def _init_state(self, theta, key, outer_state, data):
         k_particles, k_eps = jax.random.split(key)
         particles = self._init_particles(theta, k_particles, outer_state, data)
-        return NRESState(U.tile(particles, 2), U.sample_perturbations(theta, k_eps, self.num_tasks, self.std))
+        return NRESState(U.tile(particles, 2), A.sample_perturbations(theta, k_eps, self.num_tasks, self.std))
 
     def _estimate(self, theta, state, key, outer_state, data):
         n, K, std = self.num_tasks, self.trunc_length, self.std
@@ -50,28 +62,28 @@ class NoiseReuseES(TruncatedEstimator):
         def flush(args):
             # Episodes that just ended: bank w·ε of the old perturbation, draw a fresh one.
             done, t, eps, w, g = args
-            g = jax.tree_util.tree_map(jnp.add, g, _weighted_sum(jnp.where(done, w, 0.0), eps))
-            fresh = U.sample_perturbations(theta, jax.random.fold_in(k_fresh, t), n, std)
+            g = jax.tree_util.tree_map(jnp.add, g, tree_weighted_sum(jnp.where(done, w, 0.0), eps))
+            fresh = A.sample_perturbations(theta, jax.random.fold_in(k_fresh, t), n, std)
             return tree_where(done, fresh, eps), jnp.where(done, 0.0, w), g
 
         def body(carry, xs):
             states, eps, w, g = carry  # w [N]: Σ of loss differences paired with the current ε
             keys, t = xs
-            states, out = ts.batched_step(U.tree_stack_pm(theta, eps), states, jnp.concatenate([keys, keys], axis=0),
+            states, out = ts.batched_step(A.tree_stack_pm(theta, eps), states, U.tile(keys, 2),
                                           outer_state=outer_state, data=data, reset_groups=2)
-            valid = out.mask[:n] & out.mask[n:]
-            w = w + jnp.where(valid, out.loss[:n] - out.loss[n:], 0.0)
-            done = out.is_done[:n] | out.is_done[n:]
+            w = w + A.pair_loss_diff(out.loss, out.mask)
+            done = A.pair_is_done(out.is_done)
             eps, w, g = jax.lax.cond(jnp.any(done), flush, lambda a: a[2:], (done, t, eps, w, g))
             nonfinite = jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0)))
-            return (states, eps, w, g), (jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask), jnp.sum(done), nonfinite)
+            stats = (jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask), jnp.sum(done), nonfinite)
+            return (states, eps, w, g), stats
 
         g0 = jax.tree_util.tree_map(jnp.zeros_like, theta)
         carry = (state.inner_state, state.eps, jnp.zeros((n,), jnp.float32), g0)
         (states, eps, w, g), (loss_sum, count, resets, nonfinite) = jax.lax.scan(
             body, carry, (U.step_keys(k_unroll, K, n), jnp.arange(K)))
         c = 1.0 / (2 * std**2 * K * n)
-        grad = jax.tree_util.tree_map(lambda a, b: (a + b) * c, g, _weighted_sum(w, eps))
+        grad = jax.tree_util.tree_map(lambda a, b: (a + b) * c, g, tree_weighted_sum(w, eps))
         loss = jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
         metrics = {"nonfinite": jnp.sum(nonfinite), "resets": jnp.sum(resets)}
         return NRESState(states, eps), Estimate(grad, loss, metrics)

@@ -18,45 +18,74 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from outer_trainers import unroll as U
-from outer_trainers.tree_utils import masked_mean, tree_all_finite
 from outer_trainers.estimators.gradient_estimator import Estimate, TruncatedEstimator
+from outer_trainers.tree_utils import masked_mean, tree_all_finite, tree_weighted_sum
 from outer_trainers.truncated_step import TruncatedStep
 
 
 @struct.dataclass
 class TruncatedGradState:
-    inner_state: object  # [N] particles
+    """TruncatedGrad's state between truncations.
+
+    Attributes:
+        inner_state: the N particles' states, leaves [N, ...].
+    """
+
+    inner_state: object
 
 
 def particle_step_fn(ts: TruncatedStep, outer_state, data, remat: bool):
-    """step(θ, state, key) of one particle, optionally rematerialised."""
+    """`ts.step` of one particle as a function (θ, state, key) -> (state, StepOut).
+
+    Args:
+        ts: the TruncatedStep.
+        outer_state: the outer iteration or None.
+        data: the arrays of `ts.data_args()` as passed through jit, or None.
+        remat: wrap the step in `jax.checkpoint` (recompute it on the backward pass).
+
+    Returns:
+        The step function.
+    """
     step = lambda th, s, k: ts.step(th, s, k, outer_state=outer_state, data=data)
     return jax.checkpoint(step) if remat else step
 
 
 def mean_finite_grads(grads, losses: jax.Array):
-    """Mean over particles of per-particle grads [N, ...] whose grad and loss are finite.
-    Returns (mean grad, number of dropped particles)."""
+    """The mean over particles of the per-particle gradients whose gradient and loss are finite.
+
+    Args:
+        grads: θ-shaped gradients with a leading [N] axis.
+        losses: float [N], the particles' losses.
+
+    Returns:
+        (mean grad, number of dropped particles as int32 []); the mean is 0 if all are dropped.
+    """
     ok = jax.vmap(tree_all_finite)(grads) & jnp.isfinite(losses)
     denom = jnp.maximum(jnp.sum(ok), 1).astype(jnp.float32)
     w = ok.astype(jnp.float32) / denom
-    mean = jax.tree_util.tree_map(lambda g: jnp.tensordot(w, jnp.where(
-        jnp.reshape(ok, ok.shape + (1,) * (g.ndim - 1)), g, 0.0), axes=1), grads)
-    return mean, jnp.sum(~ok)
+    finite = jax.tree_util.tree_map(lambda g: jnp.where(jnp.reshape(ok, ok.shape + (1,) * (g.ndim - 1)), g, 0.0),
+                                    grads)
+    return tree_weighted_sum(w, finite), jnp.sum(~ok)
 
 
 class TruncatedGrad(TruncatedEstimator):
-    """TBPTT with `num_tasks` particles and truncations of `trunc_length` steps (`std` unused:
-    accepted so every estimator shares one constructor signature)."""
+    """Truncated backprop through time (biased toward short horizons; see the module docstring).
 
-    antithetic = False
+    Args:
+        truncated_step: the unrolled system; a particle is one of its states.
+        num_tasks: N, the number of particles the estimate averages over.
+        trunc_length: K, the steps backpropagated through per truncation (one `estimate`).
+        random_initial_iteration_offset: staggers the particles' first episodes (see `TruncatedEstimator`).
+        remat: wrap each step in `jax.checkpoint` (recompute instead of storing; same result).
+        compiler_options: XLA compile options (see `GradientEstimator`).
+    """
 
-    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.0,
-                 random_initial_iteration_offset: int = 0, remat: bool = False, *,
+    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, *,
+                 random_initial_iteration_offset: int = 0, remat: bool = False,
                  compiler_options: Optional[dict] = None):
         self.remat = bool(remat)
-        super().__init__(truncated_step, num_tasks, trunc_length, std, random_initial_iteration_offset,
+        super().__init__(truncated_step, num_tasks, trunc_length,
+                         random_initial_iteration_offset=random_initial_iteration_offset,
                          compiler_options=compiler_options)
 
     def _init_state(self, theta, key, outer_state, data):
@@ -69,12 +98,7 @@ class TruncatedGrad(TruncatedEstimator):
 
         def particle_loss(th, s, pkey):
             s = jax.lax.stop_gradient(s)
-
-            def body(s, t):
-                s, out = step(th, s, jax.random.fold_in(pkey, t))
-                return s, out
-
-            s, out = jax.lax.scan(body, s, jnp.arange(K))
+            s, out = jax.lax.scan(lambda s, t: step(th, s, jax.random.fold_in(pkey, t)), s, jnp.arange(K))
             return jnp.sum(jnp.where(out.mask, out.loss, 0.0)) / K, (s, out)
 
         grads, (states, out) = jax.vmap(jax.grad(particle_loss, has_aux=True), in_axes=(None, 0, 0))(

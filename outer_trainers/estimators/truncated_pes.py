@@ -1,6 +1,6 @@
 """TruncatedPES: persistent evolution strategies (Vicol, Metz, Sohl-Dickstein, ICML 2021).
 
-Each particle i keeps ξ_i, the sum of the perturbations applied since its episode began, and
+Each pair i keeps ξ_i, the sum of the perturbations applied since its episode began, and
 separate + and − inner states. Per truncation with fresh ε_i and K steps of meta-losses ℓ±_it:
 
     ĝ = mean_i Σ_t (ℓ⁺_it − ℓ⁻_it) · a_it / (2σ² K),
@@ -18,18 +18,40 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
-from outer_trainers.estimators.gradient_estimator import Estimate, TruncatedEstimator
+from outer_trainers.estimators import antithetic as A
+from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, Estimate
+from outer_trainers.tree_utils import tree_weighted_sum
+from outer_trainers.truncated_step import StepOut
 
 
 @struct.dataclass
 class PESState:
-    inner_state: object  # [2N] particles: + half then − half
-    accumulator: object  # theta-shaped with leading [N]: ξ
+    """TruncatedPES's state between truncations.
+
+    Attributes:
+        inner_state: the 2N particles' states, leaves [2N, ...]: the + halves, then the − halves.
+        accumulator: ξ, θ-shaped with a leading [N] axis.
+    """
+
+    inner_state: object
+    accumulator: object
 
 
 def pes_weights(diff: jax.Array, done: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """From per-step loss differences `diff` [K, N] and resets `done` [K, N], the coefficients
-    of ε and ξ in Σ_t diff_t a_t, and the keep-factors of ε and ξ in the new accumulator."""
+    """The coefficients of one truncation's PES estimate and accumulator update.
+
+    With r_it = "pair i reset before step t in this truncation":
+    ĝ ∝ Σ_i (w_eps_i ε_i + w_acc_i ξ_i),  w_eps_i = Σ_t Δ_it,  w_acc_i = Σ_{t: not r_it} Δ_it;
+    ξ_i ← keep_eps_i ε_i + keep_acc_i ξ_i,  keep_eps_i = [no reset at the last step],
+    keep_acc_i = [no reset in the truncation].
+
+    Args:
+        diff: float [K, N], the pairs' per-step loss differences Δ_it.
+        done: bool [K, N], whether pair i's episode ended with step t.
+
+    Returns:
+        (w_eps, w_acc, keep_eps, keep_acc), float [N] each.
+    """
     reset_before = (jnp.cumsum(done, axis=0) - done) > 0
     w_eps = diff.sum(0)
     w_acc = jnp.where(reset_before, 0.0, diff).sum(0)
@@ -38,21 +60,27 @@ def pes_weights(diff: jax.Array, done: jax.Array) -> tuple[jax.Array, jax.Array,
     return w_eps, w_acc, keep_eps, keep_acc
 
 
-def pes_update(out, eps, acc, std: float, num_total: int):
-    """PES from one truncation's StepOut (leaves [K, 2M]: + half then − half) of M particle pairs.
+def pes_update(out: StepOut, eps, acc, std: float, num_total: int):
+    """PES from one truncation of M particle pairs (all N = num_total of them, or one shard).
 
-    Returns (Σ over these pairs of the gradient terms, each divided by 2σ²·K·num_total, so summing
-    over shards of the N = num_total pairs gives the estimate; the new accumulator ξ [M];
-    the summed statistics [masked loss sum, valid count, nonfinite, resets]).
+    Args:
+        out: the truncation's StepOut, leaves [K, 2M]: the + halves, then the − halves.
+        eps: the pairs' perturbations ε, θ-shaped with a leading [M] axis.
+        acc: their accumulators ξ, likewise.
+        std: σ.
+        num_total: N, the pairs over all shards.
+
+    Returns:
+        (grad, acc, stats): these pairs' terms of the estimate, each divided by 2σ²·K·N (so
+        summing over the shards of the N pairs gives ĝ); the new accumulators ξ [M]; and
+        float32 [4] sums [masked loss sum, counted steps, nonfinite steps, pair resets].
     """
-    K, m = out.loss.shape[0], out.loss.shape[1] // 2
-    valid = out.mask[:, :m] & out.mask[:, m:]
-    diff = jnp.where(valid, out.loss[:, :m] - out.loss[:, m:], 0.0)
-    done = out.is_done[:, :m] | out.is_done[:, m:]
+    K = out.loss.shape[0]
+    diff = A.pair_loss_diff(out.loss, out.mask)
+    done = A.pair_is_done(out.is_done)
     w_eps, w_acc, keep_eps, keep_acc = pes_weights(diff, done)
     c = 1.0 / (2 * std**2 * K * num_total)
-    grad = jax.tree_util.tree_map(
-        lambda e, a: jnp.tensordot(w_eps * c, e, axes=1) + jnp.tensordot(w_acc * c, a, axes=1), eps, acc)
+    grad = jax.tree_util.tree_map(jnp.add, tree_weighted_sum(w_eps * c, eps), tree_weighted_sum(w_acc * c, acc))
     bshape = lambda w, x: jnp.reshape(w, w.shape + (1,) * (x.ndim - 1))
     new_acc = jax.tree_util.tree_map(lambda e, a: bshape(keep_eps, e) * e + bshape(keep_acc, a) * a, eps, acc)
     stats = jnp.stack([jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask).astype(jnp.float32),
@@ -61,12 +89,32 @@ def pes_update(out, eps, acc, std: float, num_total: int):
     return grad, new_acc, stats
 
 
-def stats_to_estimate(grad, stats) -> Estimate:
+def stats_to_estimate(grad, stats: jax.Array) -> Estimate:
+    """The Estimate of `pes_update`'s (summed) grad and stats: loss = masked loss sum / counted steps.
+
+    Args:
+        grad: the θ-shaped estimate.
+        stats: float32 [4], as returned by `pes_update` (summed over shards).
+
+    Returns:
+        Estimate with metrics "nonfinite" and "resets" (int32).
+    """
     metrics = {"nonfinite": stats[2].astype(jnp.int32), "resets": stats[3].astype(jnp.int32)}
     return Estimate(grad, stats[0] / jnp.maximum(stats[1], 1.0), metrics)
 
 
-class TruncatedPES(TruncatedEstimator):
+class TruncatedPES(AntitheticTruncatedEstimator):
+    """Persistent evolution strategies: unbiased across truncations (see the module docstring).
+
+    Args:
+        truncated_step: the unrolled system; each pair carries a + and a − state of it.
+        num_tasks: N, the number of ± pairs, each with its accumulated perturbation ξ_i.
+        trunc_length: K, the steps of one truncation (one `estimate`).
+        std: σ of the fresh perturbations ε_i of every truncation.
+        random_initial_iteration_offset: staggers the pairs' first episodes (see `TruncatedEstimator`).
+        compiler_options: XLA compile options (see `GradientEstimator`).
+    """
+
     def _init_state(self, theta, key, outer_state, data):
         particles = self._init_particles(theta, key, outer_state, data)
         acc = jax.tree_util.tree_map(lambda t: jnp.zeros((self.num_tasks,) + jnp.shape(t), jnp.result_type(t)), theta)
@@ -74,8 +122,8 @@ class TruncatedPES(TruncatedEstimator):
 
     def _estimate(self, theta, state, key, outer_state, data):
         k_eps, k_unroll = jax.random.split(key)
-        eps = U.sample_perturbations(theta, k_eps, self.num_tasks, self.std)
-        states, out = U.unroll(self.truncated_step, U.tree_stack_pm(theta, eps), state.inner_state, k_unroll,
-                               self.trunc_length, key_groups=2, outer_state=outer_state, data=data)
+        eps = A.sample_perturbations(theta, k_eps, self.num_tasks, self.std)
+        states, out = U.unroll(self.truncated_step, A.tree_stack_pm(theta, eps), state.inner_state, k_unroll,
+                               self.trunc_length, reset_groups=2, outer_state=outer_state, data=data)
         grad, acc, stats = pes_update(out, eps, state.accumulator, self.std, self.num_tasks)
         return PESState(states, acc), stats_to_estimate(grad, stats)

@@ -25,16 +25,32 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from outer_trainers import unroll as U
-from outer_trainers.estimators.gradient_estimator import TruncatedEstimator
+from outer_trainers.estimators import antithetic as A
+from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator
 from outer_trainers.estimators.truncated_pes import PESState, pes_update, stats_to_estimate
 from outer_trainers.truncated_step import TruncatedStep
 
 AXIS = "tasks"
 
 
-class TruncatedPESPMAP(TruncatedEstimator):
-    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01,
-                 random_initial_iteration_offset: int = 0, *, num_devices: Optional[int] = None,
+class TruncatedPESPMAP(AntitheticTruncatedEstimator):
+    """TruncatedPES with its N pairs sharded over local devices (see the module docstring).
+
+    Args:
+        truncated_step: the unrolled system; each pair carries a + and a − state of it.
+        num_tasks: N, the number of ± pairs; a multiple of the number of devices.
+        trunc_length: K, the steps of one truncation (one `estimate`).
+        std: σ of the fresh perturbations ε_i of every truncation.
+        random_initial_iteration_offset: staggers the pairs' first episodes (see `TruncatedEstimator`).
+        num_devices: use the first `num_devices` of `devices`; None for all of them.
+        devices: the devices to shard over; None for `jax.local_devices()`.
+        share_data: give local pair j on every device the step keys of pair j on device 0
+            (same data on all devices, correlated pairs, higher variance).
+        compiler_options: XLA compile options (see `GradientEstimator`).
+    """
+
+    def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01, *,
+                 random_initial_iteration_offset: int = 0, num_devices: Optional[int] = None,
                  devices: Optional[Sequence[jax.Device]] = None, share_data: bool = False,
                  compiler_options: Optional[dict] = None):
         devices = list(jax.local_devices() if devices is None else devices)
@@ -50,7 +66,8 @@ class TruncatedPESPMAP(TruncatedEstimator):
         self.share_data = bool(share_data)
         self.mesh = Mesh(np.asarray(devices), (AXIS,))
         self.num_devices = len(devices)
-        super().__init__(truncated_step, num_tasks, trunc_length, std, random_initial_iteration_offset,
+        super().__init__(truncated_step, num_tasks, trunc_length, std,
+                         random_initial_iteration_offset=random_initial_iteration_offset,
                          compiler_options=compiler_options)
         self.name = f"TruncatedPESPMAP(n={num_tasks},K={trunc_length},devices={self.num_devices})"
 
@@ -67,16 +84,16 @@ class TruncatedPESPMAP(TruncatedEstimator):
     def _estimate(self, theta, state, key, outer_state, data):
         n, K, D = self.num_tasks, self.trunc_length, self.num_devices
         k_eps, k_unroll = jax.random.split(key)
-        eps = U.sample_perturbations(theta, k_eps, n, self.std)
-        step_keys = U.step_keys(k_unroll, K, n)  # [K, N], as TruncatedPES's unroll draws them
+        eps = A.sample_perturbations(theta, k_eps, n, self.std)
+        keys = U.step_keys(k_unroll, K, n)  # [K, N], as TruncatedPES's unroll draws them
         if self.share_data:
-            step_keys = jnp.concatenate([step_keys[:, :n // D]] * D, axis=1)
+            keys = jnp.concatenate([keys[:, :n // D]] * D, axis=1)
         ts, std = self.truncated_step, self.std
 
         def local(theta, inner, acc, eps, keys, outer_state, data):
             m = n // D
             states = jax.tree_util.tree_map(lambda x: x.reshape((2 * m,) + x.shape[2:]), inner)
-            states, out = U.unroll_with_keys(ts, U.tree_stack_pm(theta, eps), states,
+            states, out = U.unroll_with_keys(ts, A.tree_stack_pm(theta, eps), states,
                                              jnp.concatenate([keys, keys], axis=1), outer_state=outer_state,
                                              data=data, reset_groups=2)
             grad, acc, stats = pes_update(out, eps, acc, std, n)
@@ -87,6 +104,6 @@ class TruncatedPESPMAP(TruncatedEstimator):
         inner, acc, grad, stats = jax.shard_map(
             local, mesh=self.mesh, in_specs=(P(), P(None, AXIS), P(AXIS), P(AXIS), P(None, AXIS), P(), P()),
             out_specs=(P(None, AXIS), P(AXIS), P(), P()))(theta, state.inner_state, state.accumulator, eps,
-                                                           step_keys, outer_state, data)
+                                                           keys, outer_state, data)
         new_state = PESState(self._shard(inner, P(None, AXIS)), self._shard(acc, P(AXIS)))
         return new_state, stats_to_estimate(grad, stats)

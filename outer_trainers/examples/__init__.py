@@ -1,0 +1,1 @@
+"""Small TruncatedSteps that show what estimators do: influence balancing (the PES paper's toy)."""

@@ -28,21 +28,38 @@ THETA_STAR = -1.0 / 6.0
 
 
 def influence_matrix(dim: int = DIM) -> np.ndarray:
+    """A = ½ I + ½ (superdiagonal), float32 [dim, dim]: s_j ← ½ s_j + ½ s_{j+1}."""
     return 0.5 * np.eye(dim, dtype=np.float32) + 0.5 * np.eye(dim, k=1, dtype=np.float32)
 
 
 def influence_vector(num_positive: int = 10, dim: int = DIM) -> np.ndarray:
+    """c = (+1 × num_positive, −1 × (dim − num_positive)), float32 [dim]: θ's direct effect on s."""
     return np.concatenate([np.ones(num_positive), -np.ones(dim - num_positive)]).astype(np.float32)
 
 
 @struct.dataclass
 class InfluenceState:
-    s: jax.Array  # float32 [23]
-    step: jax.Array  # int32 []: steps taken (the episode never ends)
+    """The state of one influence-balancing particle.
+
+    Attributes:
+        s: float32 [dim], the system's state.
+        step: int32 [], steps taken (counted from `initial_offset`; the episode never ends).
+    """
+
+    s: jax.Array
+    step: jax.Array
 
 
 class InfluenceBalancing(TruncatedStep):
-    """θ is a float32 scalar array; `init` starts from s = 0."""
+    """The influence-balancing system (see the module docstring); θ is a float32 scalar array.
+
+    `init` starts from s = 0; its episode never ends (`max_episode_length` is None), so
+    `initial_offset` only sets the step counter.
+
+    Args:
+        dim: the dimension of s (23 in the PES paper).
+        num_positive: how many leading entries of c are +1 (the rest are −1); 0 < num_positive < dim.
+    """
 
     def __init__(self, dim: int = DIM, num_positive: int = 10):
         if not 0 < num_positive < dim:

@@ -19,6 +19,13 @@ def test_steady_state_is_minus_six_theta():
     assert not bool(out.is_done)
 
 
+def test_one_never_ending_episode():
+    ts = InfluenceBalancing()
+    state = ts.init(jnp.asarray(0.3), jax.random.key(0), initial_offset=3)  # offsets only move the counter
+    assert int(state.step) == 3 and not np.any(np.asarray(state.s))
+    assert ts.max_episode_length is None
+
+
 @pytest.mark.parametrize("cls", [ot.TruncatedPES, ot.NoiseReuseES])
 def test_unbiased_online_estimators_converge_to_minus_one_sixth(cls):
     thetas = meta_train(cls(InfluenceBalancing(), 100, 1, std=0.1), 0.5, 3000, 1e-4, jax.random.key(0))

@@ -1,3 +1,5 @@
+"""LOptTruncatedStep: one step is one optax update; episodes, offsets, resets and non-finite steps;
+batched_step equals vmap(step), and a reset group (a ± pair) ends its episodes together."""
 import chex
 import jax
 import jax.numpy as jnp
@@ -47,6 +49,23 @@ def test_initial_offset_shortens_first_episode(quad_step):
     assert bool(out.is_done)
 
 
+def test_init_particles_staggers_first_episodes(quad_step):
+    """unroll.init_particles with max_offset = 2: offsets uniform in {0, 1, 2} (three-step episodes)."""
+    from outer_trainers import unroll as U
+    theta = quad_step.learned_opt.init(jax.random.key(0))
+    states = U.init_particles(quad_step, theta, jax.random.key(1), 64, max_offset=2)
+    assert set(np.asarray(states.inner_step).tolist()) == {0, 1, 2}
+    np.testing.assert_array_equal(U.init_particles(quad_step, theta, jax.random.key(1), 4).inner_step, 0)
+
+
+@pytest.mark.parametrize("sched,expected", [(ot.ConstantTruncationSchedule(3), 3),
+                                            (ot.LogUniformTruncationSchedule(2, 9), 9),
+                                            (ot.NeverEndingTruncationSchedule(), None)])
+def test_max_episode_length_is_the_schedules_max_length(sched, expected):
+    step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=2), lopt.LearnableSGD(0.1), sched)
+    assert step.max_episode_length == expected
+
+
 def test_nonfinite_loss_resets_and_is_masked():
     family = tasks.QuadraticFamily(dim=4)
     # lr = 1e30 blows the quadratic up within a couple of steps
@@ -90,8 +109,6 @@ def test_type_errors_name_the_argument():
 
 def test_batched_step_equals_vmapped_step_across_resets():
     """The lax.cond reset path of batched_step gives exactly vmap(step), resets included."""
-    from outer_trainers.truncated_step import TruncatedStep
-
     family = tasks.QuadraticFamily(dim=3)
     step = ot.LOptTruncatedStep(family, lopt.MLPLOpt(hidden_size=4), ot.LogUniformTruncationSchedule(2, 5))
     theta = step.learned_opt.init(jax.random.key(0))
@@ -104,7 +121,7 @@ def test_batched_step_equals_vmapped_step_across_resets():
         return jax.jit(lambda s: jax.lax.scan(body, s, jax.random.split(jax.random.key(2), 12)))(states)
 
     fast = run(step.batched_step)
-    plain = run(lambda th, s, k: TruncatedStep.batched_step(step, th, s, k))
+    plain = run(jax.vmap(step.step))
     assert int(jnp.sum(fast[1].is_done)) >= 4  # several resets happened
     chex.assert_trees_all_equal(fast, plain)
 
@@ -115,8 +132,8 @@ class _PlainStep(ot.TruncatedStep):
     def __init__(self, inner):
         self.inner = inner
 
-    def init(self, theta, key, *, outer_state=None, data=None):
-        return self.inner.init(theta, key, outer_state=outer_state, data=data)
+    def init(self, theta, key, *, outer_state=None, data=None, initial_offset=0):
+        return self.inner.init(theta, key, outer_state=outer_state, data=data, initial_offset=initial_offset)
 
     def step(self, theta, state, key, *, outer_state=None, data=None):
         return self.inner.step(theta, state, key, outer_state=outer_state, data=data)
@@ -124,16 +141,21 @@ class _PlainStep(ot.TruncatedStep):
 
 @pytest.mark.parametrize("plain", [False, True], ids=["LOptTruncatedStep", "base batched_step"])
 def test_one_sided_nonfinite_ends_the_whole_pair(plain):
-    """The + half diverges (lr 1e30), the − half does not: with key_groups=2 both restart together
+    """The + half diverges (lr 1e30), the − half does not: with reset_groups=2 both restart together
     on the same fresh task, so the pair's later loss differences compare the same task."""
-    from outer_trainers import unroll as U
     step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=4), lopt.LearnableSGD(0.01),
                                 ot.ConstantTruncationSchedule(100))
     ts = _PlainStep(step) if plain else step
     thetas = {"log_lr": jnp.log(jnp.array([1e30, 1e-2], jnp.float32))}
-    states = U.tile(U.init_particles(ts, {"log_lr": thetas["log_lr"][1]}, jax.random.key(0), 1), 2)
-    run = jax.jit(lambda s, g: U.unroll(ts, thetas, s, jax.random.key(1), 6, key_groups=2), static_argnums=1)
-    final, out = run(states, 2)
+    particle = ts.init({"log_lr": thetas["log_lr"][1]}, jax.random.key(0))
+    states = jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), particle)  # the pair starts on one task
+
+    def run(reset_groups):
+        def body(s, k):  # both halves get the same step key, as a ± pair does
+            return ts.batched_step(thetas, s, jnp.stack([k, k]), reset_groups=reset_groups)
+        return jax.jit(lambda s: jax.lax.scan(body, s, jax.random.split(jax.random.key(1), 6)))(states)
+
+    final, out = run(2)
     bad = np.flatnonzero(~np.asarray(out.mask[:, 0]))
     assert bad.size and np.all(np.asarray(out.mask[:, 1]))  # only the + half went non-finite
     # both halves end their episodes on every step where the + half went non-finite (it does again
@@ -142,8 +164,6 @@ def test_one_sided_nonfinite_ends_the_whole_pair(plain):
     assert np.all(np.asarray(out.is_done[bad, 1]))
     np.testing.assert_array_equal(np.asarray(final.inner_step), [6 - (int(bad[-1]) + 1)] * 2)
     chex.assert_trees_all_close(final.task_cfg["center"][0], final.task_cfg["center"][1])
-    # without the grouping the − half would have run on in its old episode
-    if not plain:
-        final1, _ = jax.jit(lambda s: U.unroll_with_keys(
-            ts, thetas, s, jnp.concatenate([U.step_keys(jax.random.key(1), 6, 1)] * 2, axis=1)))(states)
-        assert int(final1.inner_step[1]) == 6
+    # without the grouping the − half runs on in its old episode
+    final1, _ = run(1)
+    assert int(final1.inner_step[1]) == 6

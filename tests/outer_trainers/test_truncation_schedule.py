@@ -1,3 +1,4 @@
+"""Truncation schedules: when episodes end, log-uniform lengths, max_length, hashing by value."""
 import chex
 import jax
 import jax.numpy as jnp
@@ -57,3 +58,11 @@ def test_bad_log_uniform_bounds():
 def test_schedules_hash_by_value():
     assert hash(ot.LogUniformTruncationSchedule(1, 2)) == hash(ot.LogUniformTruncationSchedule(1, 2))
     assert ot.ConstantTruncationSchedule(3) == ot.ConstantTruncationSchedule(3)
+
+
+def test_max_length_is_the_longest_episode():
+    assert ot.ConstantTruncationSchedule(5).max_length == 5
+    assert ot.LogUniformTruncationSchedule(10, 1000).max_length == 1000
+    assert ot.NeverEndingTruncationSchedule().max_length is None
+    with pytest.raises(TypeError, match="max_length"):
+        ot.LogUniformTruncationSchedule(10)  # still a required argument

@@ -1,5 +1,6 @@
 """Shared fixtures for the estimator tests: a deterministic unrolled problem with an exact
-per-step Jacobian, a NaN-producing task family, and the statistical comparison.
+per-step Jacobian, a NaN-producing task family, the statistical comparison, and the checks of
+the estimator contract (test_estimator_contract.py).
 
 Problem: LearnableSGDM (θ = {log_lr, logit_momentum}) trains one fixed 2-D quadratic from
 x = 0 in episodes of T = 7 steps; nothing is random, so step p of every episode has the same
@@ -8,12 +9,14 @@ mean_{s in truncation k} ∇f_{p(s)}(θ), p(s) = ((s − 1) mod T) + 1.
 """
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import lopt
 import outer_trainers as ot
+from outer_trainers import checkpoints
 from tasks.base import Task, TaskFamily, single_task_family
 from tasks.quadratics import QuadraticTask
 
@@ -58,14 +61,6 @@ def truncation_references(jac: np.ndarray, trunc: int, num_truncs: int) -> np.nd
     return np.stack(refs)
 
 
-def truncated_problem():
-    """(truncated step, theta, per-truncation exact references [NUM_TRUNCS, |theta|]) of the
-    deterministic quadratic problem whose episodes reset at every position of a truncation."""
-    ts = quadratic_step()
-    theta = theta0()
-    return ts, theta, truncation_references(episode_jacobian(ts, theta), TRUNC, NUM_TRUNCS)
-
-
 def collect(est, theta, num_truncs: int, replicates: int, seed: int = 0) -> np.ndarray:
     """Estimates of `replicates` independent runs, shape [replicates, num_truncs, dim θ]."""
     out = np.zeros((replicates, num_truncs, flat(theta).size))
@@ -89,6 +84,24 @@ def assert_unbiased(samples: np.ndarray, ref: np.ndarray, max_z: float = 3.0) ->
     z = z_scores(samples, ref)
     assert np.all(np.abs(z) < max_z), f"estimate mean off the exact gradient by {np.abs(z).max():.2f} SE\n" \
                                       f"z =\n{np.round(z, 2)}\nmean =\n{samples.mean(0)}\nexact =\n{ref}"
+
+
+def assert_matches(samples: np.ndarray, ref: np.ndarray, stochastic: bool) -> None:
+    """An ES estimator's mean is within 3 SE of `ref`; a backprop one's every sample equals it."""
+    if stochastic:
+        assert_unbiased(samples, ref)
+    else:
+        np.testing.assert_allclose(samples, np.broadcast_to(ref, samples.shape), rtol=1e-4, atol=1e-7)
+
+
+def assert_biased_after_first(samples: np.ndarray, ref: np.ndarray, stochastic: bool) -> None:
+    """Truncations after the first are far off `ref`: some mean > 10 SE away (ES), or the second
+    truncation's estimate off by > 10% of its largest entry (backprop)."""
+    if stochastic:
+        z = z_scores(samples, ref)
+        assert np.abs(z[1:]).max() > 10, np.round(z, 2)
+    else:
+        assert np.abs(samples[:, 1] - ref[1]).max() > 0.1 * np.abs(ref[1]).max(), (samples[:, 1], ref[1])
 
 
 class NaNQuadraticFamily(TaskFamily):
@@ -133,6 +146,20 @@ def assert_nonfinite_handled(est, theta, num_estimates: int = 3) -> None:
         total += int(e.metrics["nonfinite"])
         assert int(e.metrics["resets"]) >= 1
     assert total > 0
+
+
+def assert_checkpoint_round_trip(est, theta, path) -> None:
+    """The state after one estimate, written with `checkpoints.to_bytes` and read back with
+    `checkpoints.restore`, gives the same next estimate (and state) bit for bit."""
+    state = est.init_state(theta, jax.random.key(0))
+    state, _ = est.estimate(theta, state, jax.random.key(1))
+    with open(path, "wb") as f:
+        f.write(checkpoints.to_bytes(state, step=1))
+    restored, payload = checkpoints.restore(str(path), state)
+    assert payload["step"] == 1
+    chex.assert_trees_all_equal(jax.device_get(restored), jax.device_get(state))
+    chex.assert_trees_all_equal(est.estimate(theta, restored, jax.random.key(2)),
+                                est.estimate(theta, state, jax.random.key(2)))
 
 
 def assert_no_recompile(est, theta, compile_counter) -> None:

@@ -1,4 +1,5 @@
-"""TruncatedGrad: full-length truncation equals FullGrad; carries state; remat is exact; NaNs."""
+"""TruncatedGrad: full-length truncation equals FullGrad; carries state; remat is exact; non-finite
+gradients are dropped (the rest: test_estimator_contract)."""
 import jax
 import numpy as np
 import pytest
@@ -42,22 +43,7 @@ def test_remat_and_carried_state(random_family_step):
     np.testing.assert_array_equal(np.asarray(sa.inner_state.inner_step), [3, 3, 3])
 
 
-def test_first_truncation_matches_exact_and_later_ones_are_biased():
-    ts, theta = C.quadratic_step(), C.theta0()
-    ref = C.truncation_references(C.episode_jacobian(ts, theta), C.TRUNC, 2)
-    est = ot.TruncatedGrad(ts, 1, C.TRUNC)
-    s = est.init_state(theta, jax.random.key(0))
-    s, e0 = est.estimate(theta, s, jax.random.key(1))
-    s, e1 = est.estimate(theta, s, jax.random.key(2))
-    np.testing.assert_allclose(C.flat(e0.grad), ref[0], rtol=1e-4, atol=1e-7)
-    assert np.abs(C.flat(e1.grad) - ref[1]).max() > 0.1 * np.abs(ref[1]).max()
-
-
-def test_no_recompile(random_family_step, compile_counter):
-    C.assert_no_recompile(ot.TruncatedGrad(random_family_step, 2, 3), C.theta0(), compile_counter)
-
-
-def test_nonfinite_particles_are_dropped_and_counted():
+def test_nonfinite_gradients_are_dropped_and_counted():
     est = ot.TruncatedGrad(C.nan_step(), 8, 3)
     state = est.init_state(C.theta0(), jax.random.key(0))
     dropped = 0
@@ -66,4 +52,3 @@ def test_nonfinite_particles_are_dropped_and_counted():
         assert np.all(np.isfinite(C.flat(e.grad))) and np.isfinite(float(e.loss))
         dropped += int(e.metrics["nonfinite_grads"])
     assert dropped > 0
-    C.assert_nonfinite_handled(est, C.theta0())

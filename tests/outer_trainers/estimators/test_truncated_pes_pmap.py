@@ -1,4 +1,5 @@
-"""TruncatedPESPMAP: same estimate as TruncatedPES on 1, 2 and 4 devices; divisibility error.
+"""TruncatedPESPMAP: same estimate as TruncatedPES on 1, 2 and 4 devices; divisibility error (the
+1-device contract: test_estimator_contract).
 
 Multi-device tests are marked `multidevice` and run in their own invocation:
     XLA_FLAGS=--xla_force_host_platform_device_count=4 pytest -m multidevice
@@ -48,14 +49,6 @@ def test_num_tasks_not_divisible_by_devices_is_a_clear_error():
         ot.TruncatedPESPMAP(C.quadratic_step(), 3, 2, devices=one * 2)  # checked before the mesh is built
     with pytest.raises(ValueError, match="local devices"):
         ot.TruncatedPESPMAP(C.quadratic_step(), 8, 2, num_devices=len(jax.local_devices()) + 1)
-
-
-def test_no_recompile(compile_counter):
-    C.assert_no_recompile(ot.TruncatedPESPMAP(C.quadratic_step(), 4, C.TRUNC), C.theta0(), compile_counter)
-
-
-def test_nonfinite_particles_reset_and_are_counted():
-    C.assert_nonfinite_handled(ot.TruncatedPESPMAP(C.nan_step(), 8, 3), C.theta0())
 
 
 # ----------------------------------------------------------------- multi-device (4 host devices)
