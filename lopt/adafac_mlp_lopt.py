@@ -265,6 +265,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
         del is_training
+        self.check_theta(theta, "AdafacMLPLOpt.opt_fn")
         n_mom, n_fac = len(self.momentum_decays), len(self.adafactor_decays)
 
         def init_fn(params):
@@ -272,7 +273,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args
-            ft.require_params(params, "AdafacMLPLOpt")
+            ft.require_params(updates, params, "AdafacMLPLOpt")
             dec = jax.tree_util.tree_map(jax.nn.sigmoid, theta["decays"])
             bias = shared_bias(theta["input"], state.iteration, self.timescales, num_steps)
             rest = [(theta[f"hidden_{i}"]["w"], theta[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]

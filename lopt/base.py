@@ -7,6 +7,12 @@
     params = optax.apply_updates(params, updates)
 
 `opt_fn` is pure in theta, so `jax.grad`/`jax.vmap` over theta work through whole unrolls.
+Every `opt_fn` first checks theta against `theta_spec()` (tree structure and leaf shapes, at
+trace time), so theta of another architecture or config is refused with the leaf that differs;
+every `update` checks that the gradients have the params' tree and leaf shapes, naming the first
+leaf that differs. Params: float32 or bfloat16 arrays (state float32, updates in each parameter's
+dtype, also inside `lax.scan`); a plain Python float leaf is read as a float32 0-d array, as
+`optax.apply_updates` does, and gets a float32 [] update.
 Learned optimizers compare and hash by value (their class and `config()`), so they are safe
 as static jit arguments and as cache keys.
 """
@@ -18,9 +24,12 @@ from typing import Any, Optional
 import jax
 import optax
 
+from lopt.features import tree_mismatch
+
 Theta = Any
 
 _ARCHITECTURES: dict[str, type] = {}
+_THETA_SPECS: dict[tuple, Any] = {}  # (class, config JSON) -> theta's ShapeDtypeStructs
 
 
 class LearnedOptimizer:
@@ -67,6 +76,36 @@ class LearnedOptimizer:
     def config(self) -> dict:
         """JSON-serialisable constructor arguments: `type(self)(**self.config())` rebuilds self."""
         raise NotImplementedError
+
+    def theta_spec(self) -> Theta:
+        """The shapes and dtypes of theta, `jax.eval_shape` of `init` (computed once per class and config).
+
+        Returns:
+          theta's pytree with `jax.ShapeDtypeStruct` leaves.
+        """
+        key = (type(self), json.dumps(self.config(), sort_keys=True))
+        if key not in _THETA_SPECS:
+            _THETA_SPECS[key] = jax.eval_shape(lambda: self.init(jax.random.key(0)))
+        return _THETA_SPECS[key]
+
+    def check_theta(self, theta: Theta, where: str = "opt_fn") -> None:
+        """A clear error unless theta has this optimizer's tree structure and leaf shapes.
+
+        Only shapes are compared, so it is free inside jit / vmap / grad (theta may be traced;
+        under vmap each leaf has its unbatched shape).
+
+        Args:
+          theta: the meta-parameters to check.
+          where: the caller, for the message (e.g. "MLPLOpt.opt_fn", "load_theta(PATH)").
+
+        Raises:
+          ValueError naming the first leaf that is missing, unexpected or of another shape.
+        """
+        mismatch = tree_mismatch(theta, self.theta_spec(), f"{self!r}'s theta")
+        if mismatch is not None:
+            raise ValueError(f"{where}: theta does not match the structure of {self!r}: {mismatch}. Was this "
+                             f"theta saved from another architecture or config? lopt.load_learned_optimizer(path) "
+                             f"rebuilds the architecture a theta file was saved from")
 
     @property
     def name(self) -> str:

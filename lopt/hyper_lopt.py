@@ -121,6 +121,7 @@ class HyperLOpt(LearnedOptimizer):
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
         del is_training
+        self.check_theta(theta, "HyperLOpt.opt_fn")
         n_mom, n_fac, hl = len(self.momentum_decays), len(self.adafactor_decays), self.lstm_hidden
 
         def init_fn(params):
@@ -131,7 +132,7 @@ class HyperLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            ft.require_params(params, "HyperLOpt")
+            ft.require_params(updates, params, "HyperLOpt")
             acc_state = state.accumulators
             treedef, gs, (ps, ms, vs, rows, cols) = ft.leaves_of(
                 updates, params, acc_state.momenta, acc_state.rms, acc_state.fac_row, acc_state.fac_col)

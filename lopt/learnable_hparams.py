@@ -2,7 +2,10 @@
 
 theta holds unconstrained values: lr = exp(log_lr), β = sigmoid(logit_β), ε = exp(log_eps).
 `opt_fn(theta)` is the plain optax optimizer with those values, so with theta at its
-defaults it is numerically optax's own.
+defaults it is numerically optax's own. As for every lopt optimizer (docs/drop_in_optax.md), it
+runs in float32: the state is float32 and the updates come back in each parameter's dtype
+(bfloat16 params keep bfloat16 updates and a float32 state, also inside `lax.scan`, where a
+bfloat16 state promoted by the float32 β would change the carry's type).
 """
 from __future__ import annotations
 
@@ -13,12 +16,47 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lopt import features as ft
 from lopt.base import LearnedOptimizer
 from lopt.nn import logit
 
 
 def _scalar(x: float) -> jax.Array:
     return jnp.asarray(x, jnp.float32)
+
+
+def _to_float32(tree: Any) -> Any:
+    is_float = lambda x: jnp.issubdtype(jnp.result_type(x), jnp.floating)
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32) if is_float(x) else x, tree)
+
+
+def in_float32(inner: optax.GradientTransformation, name: str) -> optax.GradientTransformationExtraArgs:
+    """`inner` run in float32: float32 state, updates cast back to each parameter's dtype.
+
+    u = cast(inner(f32(g), s, f32(p)), dtype(p)); without params, to each gradient's dtype. With
+    float32 inputs this is `inner` itself, bit for bit. Gradients given with params must match
+    their tree and leaf shapes (`features.check_grads_match_params`, at trace time).
+
+    Args:
+      inner: the optax transform (its hyper-parameters may be traced float32 values).
+      name: the optimizer's name, for error messages.
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs`; `params` stays optional, as in optax.
+    """
+    inner = optax.with_extra_args_support(inner)
+
+    def init_fn(params):
+        return inner.init(_to_float32(params))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        if params is not None:
+            ft.check_grads_match_params(updates, params, name)
+        new, state = inner.update(_to_float32(updates), state, _to_float32(params), **extra_args)
+        like = updates if params is None else params
+        return jax.tree_util.tree_map(lambda u, x: jnp.asarray(u).astype(jnp.result_type(x)), new, like), state
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 class LearnableSGD(LearnedOptimizer):
@@ -40,7 +78,8 @@ class LearnableSGD(LearnedOptimizer):
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False):
         del num_steps, is_training
-        return optax.with_extra_args_support(optax.sgd(jnp.exp(theta["log_lr"])))
+        self.check_theta(theta, "LearnableSGD.opt_fn")
+        return in_float32(optax.sgd(jnp.exp(theta["log_lr"])), self.name)
 
 
 class LearnableSGDM(LearnedOptimizer):
@@ -65,10 +104,10 @@ class LearnableSGDM(LearnedOptimizer):
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False):
         del num_steps, is_training
+        self.check_theta(theta, "LearnableSGDM.opt_fn")
         lr = jnp.exp(theta["log_lr"])
         mom = jax.nn.sigmoid(theta["logit_momentum"])
-        return optax.with_extra_args_support(
-            optax.chain(optax.trace(decay=mom), optax.scale_by_learning_rate(lr)))
+        return in_float32(optax.chain(optax.trace(decay=mom), optax.scale_by_learning_rate(lr)), self.name)
 
 
 class LearnableAdam(LearnedOptimizer):
@@ -95,6 +134,7 @@ class LearnableAdam(LearnedOptimizer):
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False):
         del num_steps, is_training
-        return optax.with_extra_args_support(optax.adam(
+        self.check_theta(theta, "LearnableAdam.opt_fn")
+        return in_float32(optax.adam(
             learning_rate=jnp.exp(theta["log_lr"]), b1=jax.nn.sigmoid(theta["logit_b1"]),
-            b2=jax.nn.sigmoid(theta["logit_b2"]), eps=jnp.exp(theta["log_eps"])))
+            b2=jax.nn.sigmoid(theta["logit_b2"]), eps=jnp.exp(theta["log_eps"])), self.name)

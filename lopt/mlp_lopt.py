@@ -151,6 +151,7 @@ class MLPLOpt(LearnedOptimizer):
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
         del is_training
+        self.check_theta(theta, "MLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mom_idx = self._mom_idx
 
@@ -181,7 +182,7 @@ class MLPLOpt(LearnedOptimizer):
             if jnp.size(p) == 0:
                 return jnp.zeros_like(p), m, v
             n, k = jnp.size(p), len(self.decays)
-            g32, p32 = g.astype(jnp.float32).reshape(-1), p.astype(jnp.float32).reshape(-1)
+            g32, p32 = jnp.asarray(g, jnp.float32).reshape(-1), jnp.asarray(p, jnp.float32).reshape(-1)
             m, v = accumulate(g32, m.reshape(k, n), v.reshape(-1), decays, self.rms_decay)
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
             sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx)
@@ -200,12 +201,12 @@ class MLPLOpt(LearnedOptimizer):
                     return jnp.stack(jax.lax.optimization_barrier(feats))
 
                 step = ft.blockwise_map(lambda start: to_step(mlp_columns(w1t, first_bias, block(start))), n, c, 1)[0]
-            return ((-step).reshape(jnp.shape(p)).astype(p.dtype), m.reshape((k,) + jnp.shape(p)),
+            return ((-step).reshape(jnp.shape(p)).astype(jnp.result_type(p)), m.reshape((k,) + jnp.shape(p)),
                     v.reshape(jnp.shape(p)))
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args
-            ft.require_params(params, "MLPLOpt")
+            ft.require_params(updates, params, "MLPLOpt")
             first_bias = shared_bias(theta["input"], state.iteration, self.timescales, num_steps)
             treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
             leaves = [update_leaf(g, p, m, v, first_bias) for g, p, m, v in zip(gs, ps, ms, vs)]

@@ -95,6 +95,7 @@ class NNAdam(LearnedOptimizer):
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
         del is_training
+        self.check_theta(theta, "NNAdam.opt_fn")
         hl = self.lstm_hidden
         base = jnp.asarray([math.log(self.learning_rate), logit(self.b1), logit(self.b2), math.log(self.eps)],
                            jnp.float32)
@@ -109,7 +110,7 @@ class NNAdam(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            ft.require_params(params, "NNAdam")
+            ft.require_params(updates, params, "NNAdam")
             treedef, gs, (ps, mus, nus) = ft.leaves_of(updates, params, state.mu, state.nu)
             loss_f, loss_state = ft.loss_features(loss, state.loss_state)
             if not gs:

@@ -110,6 +110,7 @@ class RNNMLPLOpt(LearnedOptimizer):
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
         del is_training
+        self.check_theta(theta, "RNNMLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         hl = self.lstm_hidden
 
@@ -123,7 +124,7 @@ class RNNMLPLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            ft.require_params(params, "RNNMLPLOpt")
+            ft.require_params(updates, params, "RNNMLPLOpt")
             treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
             loss_f, loss_state = ft.loss_features(loss, state.loss_state)
             ctx = ft.context_features(state.iteration, self.timescales, num_steps, loss_f)

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 
 from outer_trainers.train_model import eval_loss, init_train_state, train_step
-from tasks.base import TaskFamily
+from tasks.base import TaskFamily, check_count
 
 MakeTx = Callable[[Any], optax.GradientTransformation]
 Setting = tuple[str, MakeTx, Sequence[tuple[float, Any]]]
@@ -45,8 +45,10 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
     Returns:
       `fn(tx_args, cfgs, keys, data) -> (train_losses [T, num_steps], eval_losses [T])`, where
       `cfgs` is a batch of T task cfgs (see `sample_cfgs`), `keys` [T] the run keys and `data`
-      the family's `data`.
+      the family's `data`. ValueError unless num_steps, eval_batches >= 1.
     """
+    num_steps = check_count(num_steps, "make_task_trainer: num_steps")
+    eval_batches = check_count(eval_batches, "make_task_trainer: eval_batches")
 
     def train_one(tx_args, cfg, key, data):
         task = family.task_fn(cfg)
@@ -88,7 +90,7 @@ def sample_cfgs(family: TaskFamily, key: jax.Array, num_tasks: int) -> Any:
     Returns:
       the cfgs stacked along a leading axis: a pytree whose leaves are [num_tasks, ...].
     """
-    return jax.vmap(family.sample)(jax.random.split(key, num_tasks))
+    return jax.vmap(family.sample)(jax.random.split(key, check_count(num_tasks, "sample_cfgs: num_tasks")))
 
 
 def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, keys: jax.Array, num_steps: int, *,
@@ -110,8 +112,13 @@ def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, key
 
     Returns:
       `[{"optimizer": name, "learning_rate": float, "losses": [T, num_steps], "evals": [T]}]` (numpy),
-      one per grid point, in the order of `settings`.
+      one per grid point, in the order of `settings`. ValueError for an empty grid or num_steps < 1,
+      before anything runs.
     """
+    check_count(num_steps, "run_settings: num_steps")
+    for name, _, grid in settings:
+        if not len(grid):
+            raise ValueError(f"run_settings: the grid of setting {name!r} is empty; give it at least one point")
     runs = []
     for name, make_tx, grid in settings:
         trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split)
@@ -126,12 +133,31 @@ def lr_grid(lrs: Sequence[float]) -> list[tuple[float, jax.Array]]:
     """A learning-rate grid as `run_settings` takes it, for make_tx = lr -> optimizer.
 
     Args:
-      lrs: the learning rates.
+      lrs: the learning rates, at least one, each finite and > 0.
 
     Returns:
       `[(lr, lr as a float32 scalar array)]`: the label and the traced tx_args of each point.
     """
-    return [(float(lr), jnp.asarray(lr, jnp.float32)) for lr in lrs]
+    return [(lr, jnp.asarray(lr, jnp.float32)) for lr in check_learning_rates(lrs, "lr_grid")]
+
+
+def check_learning_rates(lrs: Sequence[float], what: str) -> list[float]:
+    """The grid as floats, or ValueError naming `what` unless it is non-empty and every rate is finite and > 0.
+
+    Args:
+      lrs: the learning rates.
+      what: the argument's name for the message, e.g. "evaluate: adam_lrs".
+
+    Returns:
+      the learning rates as a list of floats.
+    """
+    try:
+        rates = [float(lr) for lr in lrs]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be a sequence of learning rates, got {lrs!r} ({e})") from None
+    if not rates or not all(np.isfinite(lr) and lr > 0 for lr in rates):
+        raise ValueError(f"{what} must hold at least one learning rate, each finite and > 0, got {lrs!r}")
+    return rates
 
 
 def _tuning_score(losses) -> float:
@@ -147,19 +173,22 @@ def best_runs(runs: Sequence[dict]) -> dict[str, dict]:
     (`final_loss`: mean of the last 10% of steps); a setting with any non-finite (diverged) run
     loses. Lowest score wins; ties go to the earlier setting. The median keeps one hard task
     draw from deciding the grid point; the train loss keeps test data out of tuning.
+    No winner is named silently: when every setting of an optimizer diverged, its entry is
+    its first setting marked `"diverged": True` (a copy; reports must say so).
 
     Args:
       runs: `run_settings` output: dicts with "optimizer" and "losses" [runs, num_steps].
 
     Returns:
-      `{optimizer name: its best run}`, in the order the names first appear in `runs`.
+      `{optimizer name: its best run}`, in the order the names first appear in `runs`; a run
+      of an optimizer whose every setting diverged has `"diverged": True`.
     """
     best, scores = {}, {}
     for r in runs:
         name, score = r["optimizer"], _tuning_score(r["losses"])
         if name not in best or score < scores[name]:
             best[name], scores[name] = r, score
-    return best
+    return {name: r if np.isfinite(scores[name]) else {**r, "diverged": True} for name, r in best.items()}
 
 
 def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, num_tasks: int, num_steps: int,
@@ -183,8 +212,13 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
     Returns:
       `{name: {"final_train": mean over tasks of the final train loss, "eval": mean eval loss,
       "curve": mean train loss per step (num_steps floats)}}` for "learned" and each "adam(lr=...)",
-      plus "best_adam": the name of the best Adam entry.
+      plus "best_adam": the name of the best Adam entry, or None when every learning rate diverged.
+      ValueError, before anything runs, unless num_tasks, num_steps >= 1 and the grid is non-empty,
+      finite and positive.
     """
+    check_count(num_tasks, "compare_optimizers: num_tasks")
+    check_count(num_steps, "compare_optimizers: num_steps")
+    check_learning_rates(adam_lrs, "compare_optimizers: adam_lrs")
     k_cfg, k_run = jax.random.split(key)
     cfgs = sample_cfgs(family, k_cfg, num_tasks)
     settings = [("learned", learned_tx, [(float("nan"), theta)]), ("adam", optax.adam, lr_grid(adam_lrs))]
@@ -194,7 +228,8 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
     for r in runs:
         results[label(r)] = {"final_train": float(np.mean(final_loss(r["losses"]))), "eval": float(np.mean(r["evals"])),
                              "curve": r["losses"].mean(0).tolist()}
-    results["best_adam"] = label(best_runs(runs)["adam"])
+    best_adam = best_runs(runs)["adam"]
+    results["best_adam"] = None if best_adam.get("diverged") else label(best_adam)
     return results
 
 
@@ -206,7 +241,8 @@ def format_comparison(results: dict, num_steps: int) -> str:
       num_steps: the inner steps of the runs (shown in the header).
 
     Returns:
-      the table: one row per optimizer with its final train loss and eval loss.
+      the table: one row per optimizer with its final train loss and eval loss, and a note below
+      it when every Adam learning rate diverged (no best Adam).
     """
     lines = [f"| optimizer ({num_steps} inner steps) | final train loss | eval loss |", "|---|---|---|"]
     for name, r in results.items():
@@ -214,4 +250,6 @@ def format_comparison(results: dict, num_steps: int) -> str:
             continue
         mark = " (best Adam)" if name == results["best_adam"] else ""
         lines.append(f"| {name}{mark} | {r['final_train']:.4f} | {r['eval']:.4f} |")
+    if results["best_adam"] is None:
+        lines.append("\nNo best Adam: every learning rate of the grid diverged (a non-finite loss on some task).")
     return "\n".join(lines)

@@ -20,6 +20,8 @@ optimizer). Writes to output_dir:
     curves.npz    the curves, [seeds, steps] per (task, optimizer, lr)
 
 A `--task` is a gin-style constructor call of a public tasks class, e.g. "QuadraticFamily(dim=4)".
+Every argument is checked before any training or file is written (`check_arguments`). An optimizer
+whose every setting diverged is reported at its first one, marked "(every setting diverged)".
 """
 from __future__ import annotations
 
@@ -35,9 +37,9 @@ import numpy as np
 import optax
 
 import lopt
-from outer_trainers.evaluation import best_runs, final_loss, lr_grid, run_settings
+from outer_trainers.evaluation import best_runs, check_learning_rates, final_loss, lr_grid, run_settings
 from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
-from tasks.base import Task, TaskFamily, single_task_family
+from tasks.base import Task, TaskFamily, check_count, single_task_family
 
 ADAM_LRS = tuple(float(x) for x in np.logspace(-4, -1, 7))
 SGDM_LRS = tuple(float(x) for x in np.logspace(-3, 0, 7))
@@ -96,6 +98,23 @@ def write_csv(path: str, results: dict, seeds: Sequence[int]) -> None:
                     w.writerow([task, r["optimizer"], lr, s, f"{finals[i]:.6g}", f"{r['evals'][i]:.6g}"])
 
 
+DIVERGED = " (every setting diverged)"  # marks a best_runs entry that won only because all diverged
+
+
+def lr_label(run: dict) -> str:
+    """How a best run's learning rate is reported: "—" for the learned optimizer, `DIVERGED` added
+    when `best_runs` found no setting that did not diverge.
+
+    Args:
+      run: a `best_runs` entry.
+
+    Returns:
+      e.g. "0.001", "—", "0.0001 (every setting diverged)".
+    """
+    lr = "—" if np.isnan(run["learning_rate"]) else f"{run['learning_rate']:.3g}"
+    return lr + (DIVERGED if run.get("diverged") else "")
+
+
 def markdown_table(results: dict, num_steps: int) -> str:
     """A Markdown table of each task's learned optimizer and best-tuned baselines (`best_runs`).
 
@@ -104,17 +123,16 @@ def markdown_table(results: dict, num_steps: int) -> str:
       num_steps: the inner steps of the runs (shown in the caption).
 
     Returns:
-      a caption and the table: per task and optimizer, the best lr and the final train loss
-      (median [min, max] over seeds) and median eval loss.
+      a caption and the table: per task and optimizer, the best lr (`lr_label`) and the final
+      train loss (median [min, max] over seeds) and median eval loss.
     """
     lines = ["| task | optimizer | best lr | final train loss, median [min, max] over seeds | eval loss (median) |",
              "|---|---|---|---|---|"]
     for task, runs in results.items():
         for name, r in best_runs(runs).items():
             fin = final_loss(r["losses"])
-            lr = "—" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.3g}"
-            lines.append(f"| {task} | {name} | {lr} | {np.median(fin):.4g} [{np.min(fin):.4g}, {np.max(fin):.4g}] "
-                         f"| {np.median(r['evals']):.4g} |")
+            lines.append(f"| {task} | {name} | {lr_label(r)} | {np.median(fin):.4g} "
+                         f"[{np.min(fin):.4g}, {np.max(fin):.4g}] | {np.median(r['evals']):.4g} |")
     return f"Final losses after {num_steps} steps; baselines at their best learning rate.\n\n" + "\n".join(lines)
 
 
@@ -139,6 +157,7 @@ def plot_curves(path: str, results: dict) -> None:
             losses = r["losses"]
             steps = np.arange(1, losses.shape[1] + 1)
             label = name if np.isnan(r["learning_rate"]) else f"{name} (lr={r['learning_rate']:.2g})"
+            label += DIVERGED if r.get("diverged") else ""
             ax.plot(steps, np.median(losses, 0), label=label)
             ax.fill_between(steps, np.min(losses, 0), np.max(losses, 0), alpha=0.2)
         starts = [np.median(r["losses"][:, 0]) for r in runs if np.all(np.isfinite(r["losses"][:, 0]))]
@@ -174,14 +193,18 @@ def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence
 
     Returns:
       `{task name: run_task's runs}`.
+
+    Raises:
+      ValueError (TypeError for a task of another type), before any training or file is written,
+      naming the argument: num_steps or num_seeds < 1, no tasks, an empty or non-positive lr grid,
+      momentum outside [0, 1), an eval_split a task's data lacks, an output_dir that is a file, or
+      an invalid theta file.
     """
+    families = check_arguments(output_dir, tasks, num_steps, num_seeds, adam_lrs, sgdm_lrs, momentum, eval_split)
     learned_opt, theta = lopt.load_learned_optimizer(theta_path)
     seeds = list(range(num_seeds))
     results = {}
-    for t in tasks:
-        family = single_task_family(t) if isinstance(t, Task) else t
-        if not isinstance(family, TaskFamily):
-            raise TypeError(f"evaluate.tasks must hold Tasks or TaskFamilies, got {type(t).__name__}")
+    for family in families:
         name = family.name if family.name not in results else f"{family.name}_{len(results)}"
         results[name] = run_task(family, learned_opt, theta, num_steps, seeds, adam_lrs, sgdm_lrs, momentum,
                                  eval_split)
@@ -196,6 +219,46 @@ def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence
                 for r in runs})
     print(table)
     return results
+
+
+def check_arguments(output_dir: str, tasks: Sequence[Any], num_steps: int, num_seeds: int,
+                    adam_lrs: Sequence[float], sgdm_lrs: Sequence[float], momentum: float,
+                    eval_split: str) -> list[TaskFamily]:
+    """Checks `evaluate`'s arguments (see its Raises) before any work.
+
+    Args:
+      output_dir: where the results go (must not be an existing file).
+      tasks: Tasks or TaskFamilies (at least one).
+      num_steps: inner training steps per run (>= 1).
+      num_seeds: task draws per task (>= 1).
+      adam_lrs: Adam's learning-rate grid (non-empty, finite, > 0).
+      sgdm_lrs: SGD-with-momentum's learning-rate grid (non-empty, finite, > 0).
+      momentum: SGD's momentum, in [0, 1).
+      eval_split: a split of every task's data.
+
+    Returns:
+      the tasks as TaskFamilies (a Task lifted by `single_task_family`).
+    """
+    check_count(num_steps, "evaluate: num_steps (--num_steps)")
+    check_count(num_seeds, "evaluate: num_seeds (--num_seeds)")
+    check_learning_rates(adam_lrs, "evaluate: adam_lrs")
+    check_learning_rates(sgdm_lrs, "evaluate: sgdm_lrs")
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"evaluate: momentum must be in [0, 1), got {momentum!r}")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"evaluate: output_dir {output_dir} is a file, not a directory")
+    if not tasks:
+        raise ValueError("evaluate: no tasks; give at least one (--task 'QuadraticFamily(dim=4)' or evaluate.tasks)")
+    families = []
+    for t in tasks:
+        family = single_task_family(t) if isinstance(t, Task) else t
+        if not isinstance(family, TaskFamily):
+            raise TypeError(f"evaluate.tasks must hold Tasks or TaskFamilies, got {type(t).__name__}")
+        if family.data is not None and eval_split not in family.data.splits:
+            raise ValueError(f"evaluate: eval_split {eval_split!r} is not a split of {family.name}'s data "
+                             f"(it has {sorted(family.data.splits)})")
+        families.append(family)
+    return families
 
 
 def task_bindings(specs: Sequence[str]) -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Params = Any
 ModelState = Any
@@ -190,6 +191,22 @@ def check_range(value_range: tuple[float, float], what: str) -> tuple[float, flo
     if not 0 < lo <= hi:
         raise ValueError(f"{what} must satisfy 0 < lo <= hi, got {value_range}")
     return float(lo), float(hi)
+
+
+def check_count(value: Any, what: str) -> int:
+    """`value` as an int, or ValueError naming `what` unless it is an integer >= 1 (a batch size, a
+    number of steps, tasks or seeds).
+
+    Args:
+      value: the value given.
+      what: its name for the message, e.g. "ImageMLPFamily: batch_size".
+
+    Returns:
+      int(value).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{what} must be an integer >= 1, got {value!r}")
+    return int(value)
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:

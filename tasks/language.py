@@ -13,14 +13,16 @@ import jax
 import jax.numpy as jnp
 
 from tasks import registry
-from tasks.base import Task, TaskFamily, check_range, classification_normalizer, log_uniform, softmax_cross_entropy
+from tasks.base import (Task, TaskFamily, check_count, check_range, classification_normalizer, log_uniform,
+                        softmax_cross_entropy)
 from tasks.datasets.text import VOCAB_SIZE
 from tasks.nets import scaled_init
 
 MODELS = ("transformer", "lstm")
 
 
-def _text_data(dataset: Union[str, Any], batch_size: int):
+def _text_data(dataset: Union[str, Any], batch_size: int, what: str):
+    check_count(batch_size, f"{what}: batch_size")
     data = registry.resolve_dataset(dataset, batch_size)
     spec = data.element_spec("train")
     if "tokens" not in spec or len(spec["tokens"].shape) != 2:
@@ -78,7 +80,7 @@ class ByteLMTask(Task):
             raise ValueError(f"model must be one of {MODELS}, got {model!r}")
         if model == "transformer" and d_model % num_heads:
             raise ValueError(f"d_model={d_model} must be divisible by num_heads={num_heads}")
-        self.data, self.seq_len = _text_data(dataset, batch_size)
+        self.data, self.seq_len = _text_data(dataset, batch_size, type(self).__name__)
         self.model = model
         if model == "transformer":
             fn = lambda t: _transformer(t, d_model=d_model, num_heads=num_heads, num_layers=num_layers,
@@ -145,7 +147,7 @@ class ByteLMFamily(TaskFamily):
         self.init_scale_range = check_range(init_scale_range, "init_scale_range")
         self.model = model
         self.model_kwargs = dict(model_kwargs)
-        self.data, _ = _text_data(dataset, batch_size)
+        self.data, _ = _text_data(dataset, batch_size, "ByteLMFamily")
         self.name = f"byte_{model}_family_{self.data.name}"
 
     def sample(self, key: jax.Array) -> dict:

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from tasks import registry
-from tasks.base import TaskFamily, check_range, log_uniform
+from tasks.base import TaskFamily, check_count, check_range, log_uniform
 
 ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh, "gelu": jax.nn.gelu, "swish": jax.nn.swish}
 
@@ -51,12 +51,13 @@ def classification_data(dataset: Union[str, Any], batch_size: int, task: str) ->
 
     Args:
       dataset: a registered dataset name (`tasks.registry`) or a DataSource.
-      batch_size: the batch size of a named dataset (a DataSource keeps its own).
+      batch_size: the batch size of a named dataset (a DataSource keeps its own); >= 1 either way.
       task: the caller's name, for error messages.
 
     Returns:
       (the DataSource, the shape of one image, e.g. (H, W, C) or (L, C)).
     """
+    check_count(batch_size, f"{task}: batch_size")
     data = registry.resolve_dataset(dataset, batch_size)
     spec = data.element_spec("train")
     if "image" not in spec or "label" not in spec:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Callable, Union
 
+from tasks.base import check_count
 from tasks.datasets.data_source import DataSource
 
 _DATASETS: dict[str, Callable[..., DataSource]] = {}
@@ -48,7 +49,7 @@ def get_dataset(name: str, batch_size: int) -> DataSource:
     if factory is None:
         raise ValueError(f"unknown dataset {name!r}; registered datasets: {sorted(_DATASETS)} "
                          f"(or 'npz:PATH', 'text:PATH')")
-    key = (name, int(batch_size))
+    key = (name, check_count(batch_size, f"get_dataset({name!r}): batch_size"))
     if key not in _CACHE:
         base = next((v for (n, _), v in _CACHE.items() if n == name), None)
         _CACHE[key] = base.with_batch_size(batch_size) if base is not None else factory(batch_size=batch_size)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tasks.base import Task, TaskFamily, check_range, log_uniform, scaled_normalizer
+from tasks.base import Task, TaskFamily, check_count, check_range, log_uniform, scaled_normalizer
 from tasks.datasets.data_source import DataSource, from_arrays
 
 
@@ -95,6 +95,7 @@ class LinearRegressionFamily(TaskFamily):
                  noise_range: tuple[float, float] = (0.01, 0.5), init_scale: float = 1.0, seed: int = 0):
         self.dim, self.init_scale = int(dim), float(init_scale)
         self.noise_range = check_range(noise_range, "noise_range")
+        check_count(batch_size, "LinearRegressionFamily: batch_size")
         self.data = regression_features(dim, num_examples, batch_size, condition=condition, seed=seed)
         self.name = f"linear_regression_family_dim{dim}"
 

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from tasks.base import check_count
+
 SPLITS = ("train", "inner_valid", "outer_valid", "test")
 
 
@@ -28,7 +30,7 @@ class DataSource:
 
     Attributes:
       splits: {split name: a pytree (usually a dict) of arrays with a leading example axis}.
-      batch_size: examples per batch.
+      batch_size: examples per batch (an integer >= 1; checked whenever a DataSource is built).
       name: a label (task names and error messages use it).
       num_classes: the number of classes of integer labels, or None.
     """
@@ -37,6 +39,9 @@ class DataSource:
     batch_size: int = struct.field(pytree_node=False)
     name: str = struct.field(pytree_node=False, default="data")
     num_classes: Optional[int] = struct.field(pytree_node=False, default=None)
+
+    def __post_init__(self):
+        check_count(self.batch_size, f"DataSource {self.name!r}: batch_size")
 
     def batch(self, key: jax.Array, split: str = "train") -> Any:
         """Draws `batch_size` examples of `split` with replacement. Jittable."""
@@ -96,7 +101,9 @@ def from_arrays(
     """Builds a DataSource by a seeded, disjoint shuffle-split of `arrays` (all of length N).
 
     With `presplit` (e.g. a dataset's official test set), `presplit[name]` is used as that
-    split verbatim and the remaining fractions are renormalised over `arrays`.
+    split verbatim and the remaining fractions are renormalised over `arrays`; its arrays must
+    have the keys and the per-example shapes of `arrays`. Integer labels (`label_key`) are class
+    indices: `num_classes = max label + 1`, and a negative label is an error.
     """
     arrays = {k: np.asarray(v) for k, v in arrays.items()}
     lengths = {k: v.shape[0] for k, v in arrays.items()}
@@ -107,6 +114,13 @@ def from_arrays(
     unknown = set(presplit) - set(SPLITS)
     if unknown:
         raise ValueError(f"unknown split names {sorted(unknown)}; splits are {SPLITS}")
+    for split, given in presplit.items():
+        if set(given) != set(arrays):
+            raise ValueError(f"{name}: the {split!r} split has arrays {sorted(given)}, the others {sorted(arrays)}")
+        for k, v in given.items():
+            if np.shape(v)[1:] != arrays[k].shape[1:]:
+                raise ValueError(f"{name}: the {split!r} split's {k!r} examples have shape {np.shape(v)[1:]} but "
+                                 f"the other splits' have {arrays[k].shape[1:]}; are they of the same dataset?")
     fr = [0.0 if s in presplit else f for s, f in zip(SPLITS, fractions)]
     total = sum(fr)
     fr = [f / total for f in fr]
@@ -122,8 +136,13 @@ def from_arrays(
         splits[s] = {k: jnp.asarray(v[idx]) for k, v in arrays.items()}
     num_classes = None
     if label_key in arrays and np.issubdtype(arrays[label_key].dtype, np.integer):  # integer labels: classes
-        all_labels = [arrays[label_key]] + [np.asarray(p[label_key]) for p in presplit.values() if label_key in p]
-        num_classes = int(max(int(l.max()) for l in all_labels if l.size)) + 1
+        all_labels = {f"the {s!r} split's": np.asarray(p[label_key]) for s, p in presplit.items()}
+        all_labels["the"] = arrays[label_key]
+        for where, labels in all_labels.items():
+            if labels.size and int(labels.min()) < 0:
+                raise ValueError(f"{name}: integer labels are class indices and must be >= 0, but {where} "
+                                 f"{label_key!r} array holds {int(labels.min())}")
+        num_classes = int(max(int(l.max()) for l in all_labels.values() if l.size)) + 1
     return DataSource(splits=splits, batch_size=int(batch_size), name=name, num_classes=num_classes)
 
 

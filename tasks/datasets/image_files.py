@@ -65,8 +65,11 @@ def mnist_like(name: str, batch_size: int = 128, *, data_dir: Optional[str | os.
     """An MNIST-format dataset `name` ("mnist", "fashion_mnist"): {"image": [B, 28/f, 28/f, 1] uint8,
     "label": [B] int32}, 10 classes. Files are found by `tasks.datasets.locate.find_files`."""
     tri, trl, tei, tel = find_files(name, MNIST_FILES, data_dir)
-    return _image_source(read_idx_pair(tri, trl), read_idx_pair(tei, tel), batch_size, name, 10, seed,
-                         downsample_factor, fractions)
+    train, test = read_idx_pair(tri, trl), read_idx_pair(tei, tel)
+    if train[0].shape[1:] != test[0].shape[1:]:
+        raise IDXFormatError(f"{tei}: test images of shape {test[0].shape[1:3]}, but the training images in {tri} "
+                             f"are {train[0].shape[1:3]}; the files are of different datasets (or sizes)")
+    return _image_source(train, test, batch_size, name, 10, seed, downsample_factor, fractions)
 
 
 def mnist(batch_size: int = 128, **kwargs) -> DataSource:

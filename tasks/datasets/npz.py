@@ -15,7 +15,8 @@ def load_npz(path: str | os.PathLike, batch_size: int = 128, *, keys: tuple[str,
     """{keys[0]: x[i], keys[1]: y[i]} examples from `path`.
 
     With `x_test`/`y_test` in the file they form the `test` split and the other fractions are
-    renormalised over `x`/`y`. Integer `y` sets `num_classes = max label + 1`.
+    renormalised over `x`/`y` (`x_test` must have `x`'s per-example shape). Integer `y` are class
+    indices (>= 0) and set `num_classes = max label + 1`. Errors name the file.
     """
     try:
         with np.load(path, allow_pickle=False) as f:
@@ -35,5 +36,8 @@ def load_npz(path: str | os.PathLike, batch_size: int = 128, *, keys: tuple[str,
         raise ValueError(f"{path}: x has {arrays['x'].shape[0]} examples but y has {arrays['y'].shape[0]}")
     if name is None:
         name = os.path.splitext(os.path.basename(str(path)))[0]
-    return from_arrays({xk: arrays["x"], yk: arrays["y"]}, batch_size, fractions=fractions, seed=seed, name=name,
-                       presplit=presplit, label_key=yk)
+    try:
+        return from_arrays({xk: arrays["x"], yk: arrays["y"]}, batch_size, fractions=fractions, seed=seed,
+                           name=name, presplit=presplit, label_key=yk)
+    except ValueError as e:
+        raise ValueError(f"{path} (x, y; test split x_test, y_test): {e}") from None

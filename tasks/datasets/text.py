@@ -12,6 +12,7 @@ from typing import Sequence, Union
 import jax.numpy as jnp
 import numpy as np
 
+from tasks.base import check_count
 from tasks.datasets.data_source import SPLITS, DataSource, split_fractions_to_counts
 
 VOCAB_SIZE = 256
@@ -26,7 +27,22 @@ def _windows(stream: np.ndarray, seq_len: int, stride: int) -> np.ndarray:
 def byte_sequences(source: Union[str, os.PathLike, bytes], batch_size: int = 32, *, seq_len: int = 64,
                    stride: int | None = None, fractions: Sequence[float] = (0.8, 0.05, 0.05, 0.1),
                    name: str | None = None) -> DataSource:
-    """A DataSource of byte windows from a file path or a bytes object (see module doc)."""
+    """A DataSource of byte windows from a file path or a bytes object (see module doc).
+
+    Args:
+      source: a file path, or the bytes themselves.
+      batch_size: windows per batch (>= 1).
+      seq_len: bytes per window (>= 2: inputs and next-byte targets).
+      stride: bytes between window starts (>= 1; None: seq_len, windows that do not overlap).
+      fractions: the four splits' shares of the byte stream.
+      name: the DataSource's name (default: "text_" + the file's stem, or "bytes").
+
+    Returns:
+      The DataSource of {"tokens": [B, seq_len] uint8}.
+    """
+    check_count(batch_size, "byte_sequences: batch_size")
+    if stride is not None:
+        check_count(stride, "byte_sequences: stride")
     if isinstance(source, (bytes, bytearray)):
         raw, name = bytes(source), name or "bytes"
     else:
@@ -38,7 +54,7 @@ def byte_sequences(source: Union[str, os.PathLike, bytes], batch_size: int = 32,
         name = name or f"text_{os.path.splitext(os.path.basename(str(source)))[0]}"
     if seq_len < 2:
         raise ValueError(f"seq_len must be >= 2 (inputs and next-byte targets), got {seq_len}")
-    stride = int(stride or seq_len)
+    stride = int(seq_len if stride is None else stride)
     stream = np.frombuffer(raw, np.uint8)
     try:
         counts = split_fractions_to_counts(stream.size, fractions)

@@ -1,4 +1,6 @@
-"""Contract tests shared by every learned-optimizer architecture in lopt.
+"""Contract tests shared by every learned-optimizer architecture in lopt (and the Learnable*
+hand-designed optimizers, which make the same promises: float32 state, updates in each
+parameter's dtype, checked inputs).
 
 Tiny params trees (a matrix, a bf16-able vector, a scalar, a 0-size leaf) keep compiles short.
 """
@@ -21,6 +23,9 @@ ARCHS = {
     "RNNMLPLOpt": lambda: lopt.RNNMLPLOpt(lstm_hidden=4, mlp_hidden=4),
     "NNAdam": lambda: lopt.NNAdam(lstm_hidden=4),
     "HyperLOpt": lambda: lopt.HyperLOpt(lstm_hidden=4, momentum_decays=(0.9,), adafactor_decays=(0.99,)),
+    "LearnableAdam": lambda: lopt.LearnableAdam(1e-2),
+    "LearnableSGDM": lambda: lopt.LearnableSGDM(1e-2),
+    "LearnableSGD": lambda: lopt.LearnableSGD(1e-2),
 }
 
 
@@ -187,3 +192,76 @@ def test_mlp_lopt_chunk_size_does_not_change_updates():
         ups.append(out)
     assert float(jnp.abs(ups[0][-1]["w"]).max()) > 1e-4  # not a trivially tiny update
     chex.assert_trees_all_close(ups[0], ups[1], rtol=1e-5, atol=1e-9)
+
+
+def test_bf16_params_inside_lax_scan(arch):
+    """As PES and train_model run them: a scan carry of bf16 params and the optimizer state keeps
+    its types (a float32 β must not promote a bf16 state), the state is float32 and the updates bf16."""
+    lo, theta = arch
+    params = make_params(jnp.bfloat16)
+    tx = lo.opt_fn(theta, num_steps=10)
+
+    def step(carry, i):
+        params, state = carry
+        grads = jax.tree_util.tree_map(lambda p: (jnp.sin(p.astype(jnp.float32) * i) + 0.1).astype(p.dtype), params)
+        u, state = tx.update(grads, state, params, loss=jnp.asarray(1.0) / i)
+        return (optax.apply_updates(params, u), state), u
+
+    (new_params, state), ups = jax.jit(lambda c: jax.lax.scan(step, c, jnp.arange(1.0, 4.0)))((params, tx.init(params)))
+    chex.assert_trees_all_equal_shapes_and_dtypes(new_params, params)
+    assert jax.tree_util.tree_map(lambda u: u.dtype, ups) == jax.tree_util.tree_map(lambda p: p.dtype, params)
+    chex.assert_tree_all_finite(ups)
+    assert all(leaf.dtype in (jnp.float32, jnp.int32) for leaf in jax.tree_util.tree_leaves(state))
+
+
+@pytest.mark.parametrize("bad, path", [
+    (lambda g: {**g, "layer": {**g["layer"], "w": g["layer"]["w"].reshape(-1)}}, "['layer']['w']"),  # [15] for [3, 5]
+    (lambda g: {**g, "layer": {**g["layer"], "b": g["layer"]["b"][:3]}}, "['layer']['b']"),         # [3] for [5]
+    (lambda g: {k: v for k, v in g.items() if k != "scale"}, "missing leaf ['scale']"),
+])
+def test_grads_not_matching_params_are_refused_naming_the_leaf(arch, bad, path):
+    """At trace time (under jit), before any arithmetic: MLPLOpt used to flatten a [15] gradient
+    into a [3, 5] update, the others failed with a bare broadcasting error."""
+    lo, theta = arch
+    params = make_params()
+    tx = lo.opt_fn(theta)
+    with pytest.raises(ValueError, match=r"the gradients given to tx.update do not match the params") as e:
+        jax.jit(tx.update)(bad(grads_for(params, 0)), tx.init(params), params)
+    assert path in str(e.value) and lo.name in str(e.value)
+
+
+def test_theta_of_another_shape_is_refused_by_opt_fn_naming_the_leaf(arch):
+    """Inside jit and vmap too (theta traced): the check compares static shapes."""
+    lo, theta = arch
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(theta)
+    path = jax.tree_util.keystr(leaves[0][0])
+    wrong = treedef.unflatten([jnp.zeros(jnp.shape(x) + (2,)) if i == 0 else x for i, (_, x) in enumerate(leaves)])
+    params = make_params()
+    state, g = lo.opt_fn(theta).init(params), grads_for(params, 0)
+    run = lambda th: lo.opt_fn(th).update(g, state, params)[0]
+    for call in (lambda: lo.opt_fn(wrong), lambda: jax.jit(run)(wrong),
+                 lambda: jax.vmap(run)(jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), wrong))):
+        with pytest.raises(ValueError, match="load_learned_optimizer") as e:
+            call()
+        assert f"leaf {path} has shape" in str(e.value) and f"{lo.name}.opt_fn" in str(e.value)
+    missing = dict(theta)
+    key = sorted(missing)[0]
+    del missing[key]
+    with pytest.raises(ValueError, match=rf"missing leaf \['{key}'\]"):
+        lo.opt_fn(missing)
+
+
+def test_python_float_leaf_is_a_float32_scalar(arch):
+    """A plain Python float parameter is read as a float32 0-d array, as optax.apply_updates does:
+    the same updates as with jnp.float32(0.5), and a float32 [] update for it."""
+    lo, theta = arch
+    as_array = make_params()
+    as_float = {**as_array, "scale": 0.5}
+    tx = lo.opt_fn(theta)
+    grads = grads_for(as_array, 0)
+    as_float_grads = {**grads, "scale": float(grads["scale"])}
+    # closed over, so the optimizer sees the Python floats themselves (jit arguments would become arrays)
+    want, _ = jax.jit(lambda: tx.update(grads, tx.init(as_array), as_array))()
+    got, _ = jax.jit(lambda: tx.update(as_float_grads, tx.init(as_float), as_float))()
+    chex.assert_trees_all_equal(got, want)
+    assert got["scale"].dtype == jnp.float32 and got["scale"].shape == ()

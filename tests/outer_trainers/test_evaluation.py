@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 import lopt
 import outer_trainers as ot
@@ -48,7 +49,58 @@ def test_best_runs_takes_the_lowest_median_final_loss_and_a_diverged_run_loses()
             {"optimizer": "adam", "losses": curve(2.0, 2.0, 2.0)},     # lowest mean (2)
             {"optimizer": "adam", "losses": curve(0.1, 0.1, np.nan)},  # diverged on one task: loses
             {"optimizer": "sgd", "losses": curve(np.inf, 1.0, 1.0)},
-            {"optimizer": "sgd", "losses": curve(np.nan, 1.0, 1.0)}]   # all diverged: the first is kept
+            {"optimizer": "sgd", "losses": curve(np.nan, 1.0, 1.0)}]   # all diverged: the first, marked
     best = evaluation.best_runs(runs)
     assert list(best) == ["learned", "adam", "sgd"]
-    assert best["learned"] is runs[0] and best["adam"] is runs[1] and best["sgd"] is runs[4]
+    assert best["learned"] is runs[0] and best["adam"] is runs[1]
+    assert best["sgd"] == {**runs[4], "diverged": True} and "diverged" not in runs[4]  # a marked copy
+    assert not any("diverged" in best[k] for k in ("learned", "adam"))
+
+
+def _fake_runs(adam_finals):
+    """run_settings output of a learned optimizer and one Adam run per final loss (2 tasks, 10 steps)."""
+    curve = lambda final: np.full((2, 10), final)
+    runs = [{"optimizer": "learned", "learning_rate": float("nan"), "losses": curve(1.0), "evals": np.ones(2)}]
+    return runs + [{"optimizer": "adam", "learning_rate": lr, "losses": curve(f), "evals": np.ones(2)}
+                   for lr, f in zip((1e-3, 1e-2), adam_finals)]
+
+
+def test_compare_optimizers_names_no_best_adam_when_every_lr_diverged(monkeypatch):
+    """It used to name the first lr "best Adam"; outer_train's table now says that none is."""
+    monkeypatch.setattr(evaluation, "run_settings", lambda *a, **k: _fake_runs((np.nan, np.inf)))
+    res = ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, num_tasks=2, num_steps=10,
+                                key=jax.random.key(0), adam_lrs=(1e-3, 1e-2))
+    assert res["best_adam"] is None
+    table = ot.format_comparison(res, 10)
+    assert "(best Adam)" not in table and "No best Adam: every learning rate of the grid diverged" in table
+    monkeypatch.setattr(evaluation, "run_settings", lambda *a, **k: _fake_runs((np.nan, 0.5)))
+    res = ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, num_tasks=2, num_steps=10,
+                                key=jax.random.key(0), adam_lrs=(1e-3, 1e-2))
+    assert res["best_adam"] == "adam(lr=0.01)" and "| adam(lr=0.01) (best Adam) |" in ot.format_comparison(res, 10)
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    (dict(num_steps=0), "compare_optimizers: num_steps must be an integer >= 1, got 0"),
+    (dict(num_tasks=0), "compare_optimizers: num_tasks must be an integer >= 1, got 0"),
+    (dict(adam_lrs=()), "compare_optimizers: adam_lrs must hold at least one learning rate"),
+    (dict(adam_lrs=(1e-3, -1.0)), "compare_optimizers: adam_lrs must hold .* each finite and > 0"),
+])
+def test_compare_optimizers_refuses_empty_runs_before_training(monkeypatch, kwargs, what):
+    """num_steps=0 / num_tasks=0 used to give NaN tables with an arbitrary best Adam."""
+    monkeypatch.setattr(evaluation, "run_settings", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    args = {**dict(num_tasks=2, num_steps=10, key=jax.random.key(0), adam_lrs=(1e-3,)), **kwargs}
+    with pytest.raises(ValueError, match=what):
+        ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, **args)
+
+
+def test_trainer_and_sampling_refuse_zero_steps_tasks_and_empty_grids():
+    fam = tasks.QuadraticFamily(dim=2)
+    with pytest.raises(ValueError, match="make_task_trainer: num_steps must be an integer >= 1"):
+        ot.make_task_trainer(fam, optax.sgd, 0)
+    with pytest.raises(ValueError, match="sample_cfgs: num_tasks must be an integer >= 1"):
+        sample_cfgs(fam, jax.random.key(0), 0)
+    with pytest.raises(ValueError, match="grid of setting 'adam' is empty"):
+        ot.run_settings(fam, [("adam", optax.adam, [])], sample_cfgs(fam, jax.random.key(0), 1),
+                        jax.random.split(jax.random.key(1), 1), 5)
+    with pytest.raises(ValueError, match="lr_grid must hold at least one learning rate"):
+        ot.lr_grid([])

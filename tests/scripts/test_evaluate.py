@@ -41,3 +41,43 @@ def test_bad_task_spec_is_reported(evaluate_script):
     assert evaluate_script.task_bindings(["QuadraticFamily(dim=4, normalize=True)"]) == [
         "task0/QuadraticFamily.dim = 4", "task0/QuadraticFamily.normalize = True",
         "evaluate.tasks = [@task0/QuadraticFamily()]"]
+
+
+@pytest.mark.parametrize("flags, what", [
+    (["--num_seeds", "0"], r"num_seeds \(--num_seeds\) must be an integer >= 1, got 0"),
+    (["--num_steps", "0"], r"num_steps \(--num_steps\) must be an integer >= 1, got 0"),
+    (["--gin_param", "evaluate.adam_lrs = []"], "adam_lrs must hold at least one learning rate"),
+    (["--gin_param", "evaluate.sgdm_lrs = [0.1, 0.0]"], "sgdm_lrs must hold .* finite and > 0"),
+    (["--gin_param", "evaluate.momentum = 1.0"], r"momentum must be in \[0, 1\)"),
+    (["--gin_param", "evaluate.eval_split = 'valid'"], "eval_split 'valid' is not a split of"),
+])
+def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_path, monkeypatch, flags, what):
+    """--num_seeds 0 / --num_steps 0 used to crash after writing a partial results.csv."""
+    lo = lopt.LearnableSGD(0.1)
+    theta_path = str(tmp_path / "theta.msgpack")
+    lopt.save_theta(theta_path, lo, lo.init(jax.random.key(0)))
+    monkeypatch.setattr(evaluate_script, "run_task", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    out = tmp_path / "eval"
+    args = ["--theta", theta_path, "--task", "ImageMLPFamily(hidden_sizes=(4,))", "--output_dir", str(out)]
+    with pytest.raises(ValueError, match=what):
+        evaluate_script.main(args + flags)
+    assert not out.exists()
+
+
+def test_no_tasks_or_a_file_as_output_dir_is_refused(evaluate_script, tmp_path):
+    with pytest.raises(ValueError, match="no tasks"):
+        evaluate_script.check_arguments(str(tmp_path), [], 10, 1, (1e-3,), (1e-2,), 0.9, "test")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="is a file, not a directory"):
+        evaluate_script.check_arguments(str(tmp_path / "f"), [], 10, 1, (1e-3,), (1e-2,), 0.9, "test")
+
+
+def test_table_marks_an_optimizer_whose_every_setting_diverged(evaluate_script):
+    import numpy as np
+    run = lambda name, lr, final: {"optimizer": name, "learning_rate": lr, "losses": np.full((2, 10), final),
+                                   "evals": np.ones(2)}
+    results = {"t": [run("learned", float("nan"), 1.0), run("adam", 1e-3, np.nan), run("adam", 1e-2, np.inf),
+                      run("sgdm", 1e-2, 2.0)]}
+    table = evaluate_script.markdown_table(results, 10)
+    assert "| t | adam | 0.001 (every setting diverged) |" in table
+    assert "| t | learned | — |" in table and "| t | sgdm | 0.01 |" in table

@@ -58,6 +58,16 @@ def test_corrupt_mnist_files(isolated):
     write_idx(d / "t10k-labels-idx1-ubyte.gz", np.zeros(19, np.uint8))
     with pytest.raises(IDXFormatError, match="20 images but .* 19 labels"):
         mnist(4, data_dir=isolated)
+
+
+def test_mnist_test_images_of_another_size_are_refused_naming_both_files(isolated):
+    """A 14x14 t10k file beside 28x28 training images used to load (and fail later, in a task)."""
+    d = isolated / "mnist"
+    write_fake_mnist(d)
+    write_idx(d / "t10k-images-idx3-ubyte.gz", np.zeros((20, 14, 14), np.uint8))
+    with pytest.raises(IDXFormatError, match=r"t10k-images-idx3-ubyte.gz: test images of shape \(14, 14\), but the "
+                                             r"training images in .*train-images-idx3-ubyte.gz are \(28, 28\)"):
+        mnist(4, data_dir=isolated)
     write_idx(d / "t10k-labels-idx1-ubyte.gz", np.full(20, 12, np.uint8))
     with pytest.raises(IDXFormatError, match="label 12"):
         mnist(4, data_dir=isolated)

@@ -34,6 +34,42 @@ def test_npz_errors(tmp_path):
         load_npz(tmp_path / "absent.npz")
 
 
+def test_npz_negative_labels_and_test_features_of_another_shape_name_the_file(tmp_path):
+    """Labels of -1 used to give num_classes=0; an x_test of another shape was accepted."""
+    x, y = np.zeros((20, 3), np.float32), np.arange(20) % 2
+    np.savez(tmp_path / "neg.npz", x=x, y=np.full(20, -1))
+    with pytest.raises(ValueError, match=r"neg.npz .*class indices and must be >= 0, but the 'label' array holds -1"):
+        load_npz(tmp_path / "neg.npz")
+    np.savez(tmp_path / "negtest.npz", x=x, y=y, x_test=x[:4], y_test=np.asarray([0, 1, -2, 0]))
+    with pytest.raises(ValueError, match=r"negtest.npz .*the 'test' split's 'label' array holds -2"):
+        load_npz(tmp_path / "negtest.npz")
+    np.savez(tmp_path / "shape.npz", x=x, y=y, x_test=np.zeros((4, 5), np.float32), y_test=y[:4])
+    with pytest.raises(ValueError, match=r"shape.npz .*the 'test' split's 'image' examples have shape \(5,\) but "
+                                         r"the other splits' have \(3,\)"):
+        load_npz(tmp_path / "shape.npz")
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda p: load_npz(p, 0), "DataSource 'd': batch_size must be an integer >= 1, got 0"),
+    (lambda p: byte_sequences(bytes(1000), 0), "byte_sequences: batch_size must be an integer >= 1, got 0"),
+    (lambda p: byte_sequences(bytes(1000), 2, stride=-1), "byte_sequences: stride must be an integer >= 1, got -1"),
+    (lambda p: byte_sequences(bytes(1000), 2, stride=0), "byte_sequences: stride must be an integer >= 1, got 0"),
+    (lambda p: tasks.get_dataset("digits", 0), r"get_dataset\('digits'\): batch_size must be an integer >= 1"),
+    (lambda p: signals1d(8, num_examples=300).with_batch_size(0), "DataSource 'signals1d': batch_size must be"),
+    (lambda p: tasks.ImageMLPFamily(batch_size=0), "ImageMLPFamily: batch_size must be an integer >= 1, got 0"),
+    (lambda p: tasks.ConvFamily(signals1d(8, num_examples=300), batch_size=-1), "ConvFamily: batch_size must be"),
+    (lambda p: tasks.ImageMLPTask(batch_size=0), "ImageMLPTask: batch_size must be"),
+    (lambda p: tasks.ByteLMFamily(byte_sequences(bytes(1000), 2, seq_len=8), batch_size=0),
+     "ByteLMFamily: batch_size must be"),
+    (lambda p: tasks.LinearRegressionFamily(4, batch_size=0), "LinearRegressionFamily: batch_size must be"),
+])
+def test_bad_batch_size_and_stride_are_refused_naming_the_argument(tmp_path, make, what):
+    """batch_size=0 used to be accepted; stride=-1 was reported as "fewer than seq_len"."""
+    np.savez(tmp_path / "d.npz", x=np.zeros((20, 3), np.float32), y=np.arange(20) % 2)
+    with pytest.raises(ValueError, match=what):
+        make(tmp_path / "d.npz")
+
+
 def test_byte_sequences_contiguous_disjoint_regions(tmp_path):
     text = bytes(range(256)) * 4  # 1024 bytes, every window identifiable by its first byte and offset
     (tmp_path / "t.txt").write_bytes(text)
