@@ -2,6 +2,7 @@
 
 - `atomic_write_bytes(path, data)`: a temp file in the target directory, fsynced, then
   `os.replace`d onto `path`; a crash leaves the old file or the new one, never half of one.
+  The file gets the permissions the umask gives any new file (not `tempfile`'s 0o600).
 - `update_markdown_section(path, section)`: replaces one "## " section of a Markdown file (the
   benchmark scripts' way of recording results in docs/benchmarks.md), atomically.
 - `read_msgpack_file(path, format_marker, what)`: the msgpack map of a lopt file (theta files,
@@ -13,24 +14,26 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import secrets
 
 from flax import serialization
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Writes `data` to `path` atomically.
+    """Writes `data` to `path` atomically, with the permissions any new file gets (the umask applies).
 
     Args:
       path: the destination; its directory is created if missing.
       data: the bytes to write.
 
-    The bytes go to a temp file beside `path`, are fsynced, and the temp file is renamed onto
-    `path` (`os.replace`); on any error the temp file is removed and `path` is left as it was.
+    The bytes go to a new temp file beside `path` (created with mode 0o666, so the process umask
+    decides the permissions, as for any file a tool creates), are fsynced, and the temp file is
+    renamed onto `path` (`os.replace`), then the directory is fsynced; on any error the temp
+    file is removed and `path` is left as it was.
     """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    fd, tmp = _new_temp_file(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -41,6 +44,36 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    _fsync_directory(directory)
+
+
+def _new_temp_file(directory: str, name: str) -> tuple[int, str]:
+    """A new file `.tmp-<random>-<name>` in `directory`, opened for writing; mode 0o666 less the umask.
+
+    `tempfile.mkstemp` would create it 0o600 whatever the umask; `O_EXCL` keeps the name unique.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".tmp-{secrets.token_hex(6)}-{name}")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a temp file for {name} in {directory}")
+
+
+def _fsync_directory(directory: str) -> None:
+    """Makes a rename in `directory` durable (where the platform allows opening a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read_msgpack_file(path: str, format_marker: str, what: str, error: type = ValueError) -> dict:

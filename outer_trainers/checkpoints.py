@@ -9,19 +9,29 @@
     state, info = restore(found, template, expect={...})
 
 Layout under `directory`: `ckpt_<step>.msgpack` (rolling, the last `keep` kept),
-`permanent/ckpt_<step>.msgpack`, `best/ckpt_<step>.msgpack`. A file is one msgpack map
-`{"format", "version", "step", "meta", "structure", "leaves", "key_leaves"}`: "meta" is the
-caller's metadata as JSON; "structure" is JSON `[[path, shape, dtype], ...]` of every leaf
+`permanent/ckpt_<step>.msgpack`, `best/ckpt_<step>.msgpack`, and `corrupt/`, where unreadable
+files are moved aside (never deleted). A file is one msgpack map
+`{"format", "version", "step", "meta", "structure", "leaves", "key_leaves", "checksum"}`: "meta"
+is the caller's metadata as JSON; "structure" is JSON `[[path, shape, dtype], ...]` of every leaf
 (`structure_of`), which a restore compares with its template; "leaves" maps the zero-padded
 flatten index of each leaf to its array; "key_leaves" maps the index of each typed PRNG key
 leaf to its key implementation (the key is stored as `jax.random.key_data` and rewrapped on
-restore). Files are written to a temp file, fsynced and atomically renamed, so a file under its
-final name is complete: a half-written checkpoint is a `.tmp-*` file that is never listed. A
-final-named file that fails to decode is skipped with a warning and the next-newest is used.
+restore); "checksum" is the SHA-256 of all of it (`checksum`), verified on every read before
+anything else, so a flipped bit is reported as corruption, never loaded and never mistaken for
+a checkpoint of another run. Version-1 files (no checksum) are still read, with a warning.
+
+Files are written to a temp file, fsynced and atomically renamed, so a file under its final name
+is complete: a half-written checkpoint is a `.tmp-*` file that is never listed. A final-named
+file that is unreadable (cut short, zero bytes, failed checksum) is skipped when looking for the
+newest checkpoint; once a good one is restored, the unreadable newer ones are moved to `corrupt/`
+with a warning, so they can neither shadow good ones nor count towards `keep`. When checkpoints
+exist but none is readable, `restore_latest` raises `UnreadableCheckpointsError` and changes
+nothing on disk. Pruning (`keep`, `keep_best`) only ever counts and deletes readable checkpoints.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -35,13 +45,31 @@ from flax import serialization
 
 from lopt.file_io import atomic_write_bytes, read_msgpack_file
 
-FORMAT, VERSION = "lopt.checkpoint", 1
+FORMAT, VERSION = "lopt.checkpoint", 2
 _NAME = re.compile(r"^ckpt_(\d+)\.msgpack$")
 KINDS = ("rolling", "permanent", "best")
+CORRUPT_DIR = "corrupt"
 
 
 class CorruptCheckpointError(ValueError):
-    """A file under a checkpoint name that does not decode (skipped when looking for the latest)."""
+    """A file under a checkpoint name that does not decode or fails its checksum (skipped, then set aside)."""
+
+
+class UnreadableCheckpointsError(ValueError):
+    """Checkpoints exist but none is readable: resuming from them, or silently starting over, is refused.
+
+    Args:
+        directory: the checkpoint directory.
+        unreadable: [(path, why it is unreadable)] of its checkpoints, newest first.
+        advice: what the user can do, appended to the message.
+    """
+
+    def __init__(self, directory: str, unreadable: Sequence[tuple[str, str]],
+                 advice: str = "Move the unreadable files away (or restore good copies) to start over."):
+        self.directory, self.unreadable = directory, list(unreadable)
+        listing = "".join(f"\n  {path}: {why}" for path, why in self.unreadable)
+        super().__init__(f"no checkpoint in {directory} is readable, so the run cannot resume; nothing was "
+                         f"changed on disk. The checkpoints and why each is unreadable:{listing}\n{advice}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,17 +155,71 @@ def to_bytes(state: Any, step: int, meta: Optional[dict] = None) -> bytes:
         stored[f"{i:06d}"] = np.asarray(leaf)
     payload = {"format": FORMAT, "version": VERSION, "step": int(step), "meta": json.dumps(meta or {}),
                "structure": json.dumps(structure_of(state)), "leaves": stored, "key_leaves": key_leaves}
+    payload["checksum"] = checksum(payload)
     return serialization.msgpack_serialize(payload)
 
 
-def read(path: str) -> dict:
-    """The decoded checkpoint file at `path`, with "meta" and "structure" parsed from JSON.
+def checksum(payload: dict) -> str:
+    """The SHA-256 of a checkpoint's content, as stored in (and verified against) its "checksum" entry.
 
-    Raises CorruptCheckpointError (a ValueError) if the file is not a readable lopt checkpoint.
+    Args:
+        payload: a checkpoint's map as `to_bytes` builds it or msgpack decodes it ("meta" and
+            "structure" still JSON text).
+
+    Returns:
+        The hex digest over the format, version, step, meta, structure and key-leaf entries and, in
+        name order, every leaf's name, dtype, shape and bytes.
+    """
+    head = [payload["format"], int(payload["version"]), int(payload["step"]), payload["meta"], payload["structure"],
+            sorted(payload["key_leaves"].items())]
+    h = hashlib.sha256(json.dumps(head).encode("utf-8"))
+    for name in sorted(payload["leaves"]):
+        leaf = np.asarray(payload["leaves"][name])
+        h.update(json.dumps([name, str(leaf.dtype), list(leaf.shape)]).encode("utf-8"))
+        h.update(leaf.tobytes())
+    return h.hexdigest()
+
+
+def read(path: str) -> dict:
+    """The decoded checkpoint file at `path`, verified, with "meta" and "structure" parsed from JSON.
+
+    The checksum is verified before anything in the file is interpreted; a version-1 file (which
+    has none) is read with a warning that its integrity cannot be verified.
+
+    Args:
+        path: the checkpoint file.
+
+    Returns:
+        The decoded map.
+
+    Raises:
+        CorruptCheckpointError: (a ValueError) the file does not decode, fails its checksum, or is not
+            a lopt checkpoint of a version this code reads.
+        OSError: the file cannot be opened.
     """
     payload = read_msgpack_file(path, FORMAT, "lopt checkpoint", CorruptCheckpointError)
-    payload["meta"] = json.loads(payload["meta"])
-    payload["structure"] = json.loads(payload["structure"])
+    try:
+        version = payload.get("version")
+        if version == VERSION:
+            stored, actual = payload.get("checksum"), checksum(payload)
+            if stored != actual:
+                raise CorruptCheckpointError(f"{path} is corrupt: its content does not match its checksum "
+                                             f"(stored {stored!r}, computed {actual!r})")
+        elif version == 1:
+            warnings.warn(f"checkpoint {path} has format version 1, which carries no checksum: "
+                          f"its integrity cannot be verified")
+        else:
+            raise CorruptCheckpointError(f"{path} has checkpoint format version {version!r}, which this lopt does "
+                                         f"not read (versions 1 and {VERSION}): it is corrupt or from a newer lopt")
+        payload["step"] = int(payload["step"])
+        payload["meta"] = json.loads(payload["meta"])
+        payload["structure"] = json.loads(payload["structure"])
+        if not isinstance(payload["leaves"], dict) or not isinstance(payload["key_leaves"], dict):
+            raise TypeError("leaves and key_leaves must be maps")
+    except CorruptCheckpointError:
+        raise
+    except Exception as e:  # a corrupt field of a version-1 file, or a checksum over malformed entries
+        raise CorruptCheckpointError(f"{path} is not a readable lopt checkpoint ({type(e).__name__}: {e})") from e
     return payload
 
 
@@ -190,6 +272,21 @@ def restore(path: str, template: Any, expect: Optional[dict] = None) -> tuple[An
         A metadata or structure mismatch raises ValueError naming what differs.
     """
     payload = read(path)
+    return state_from_payload(payload, template, expect, path), payload
+
+
+def state_from_payload(payload: dict, template: Any, expect: Optional[dict] = None, path: str = "checkpoint") -> Any:
+    """The state held by a checkpoint already read (`read`), checked against what the caller expects.
+
+    Args:
+        payload: the decoded, verified checkpoint (`read(path)`).
+        template: the expected structure (see `restore`).
+        expect: meta keys mapped to the values they must have (None: no check).
+        path: the checkpoint's path, for messages.
+
+    Returns:
+        The state in the template's structure; a metadata or structure mismatch raises ValueError.
+    """
     if expect:
         check_meta(path, payload["meta"], expect)
     want = structure_of(template)
@@ -200,12 +297,14 @@ def restore(path: str, template: Any, expect: Optional[dict] = None) -> tuple[An
     t_leaves, treedef = jax.tree_util.tree_flatten(template)
     leaves = []
     for i, t in enumerate(t_leaves):
-        arr = payload["leaves"][f"{i:06d}"]
+        arr = payload["leaves"].get(f"{i:06d}")
+        if arr is None:
+            raise CorruptCheckpointError(f"{path} lists leaf {i} in its structure but does not hold it")
         if str(i) in payload["key_leaves"]:
             leaves.append(jax.random.wrap_key_data(jnp.asarray(arr), impl=payload["key_leaves"][str(i)]))
         else:
             leaves.append(jnp.asarray(arr, dtype=t.dtype))
-    return jax.tree_util.tree_unflatten(treedef, leaves), payload
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 # ---- files on disk ---------------------------------------------------------------------------------
@@ -213,8 +312,8 @@ def restore(path: str, template: Any, expect: Optional[dict] = None) -> tuple[An
 class CheckpointManager:
     """Saves and finds checkpoints under `directory` according to `policy` (see the module docstring).
 
-    On construction it recovers the best metric value of the "best" checkpoints already in
-    `directory`, so a resumed run only saves a better one.
+    On construction it recovers the best metric value of the readable "best" checkpoints already
+    in `directory`, so a resumed run only saves a better one; construction changes nothing on disk.
 
     Args:
         directory: where the checkpoints go (created on the first save).
@@ -225,12 +324,23 @@ class CheckpointManager:
         self.directory = directory
         self.policy = policy or CheckpointPolicy()
         self._last_save_time: Optional[float] = None
+        self.rescan()
+
+    def rescan(self) -> None:
+        """Forgets what it knew of the files in `directory` and recovers the best metric value from the
+        readable "best" checkpoints there (None if there are none); call it after files were deleted or
+        replaced behind its back. Changes nothing on disk."""
+        self._verified: dict[str, tuple[tuple, dict]] = {}  # path -> (stat signature, meta) of readable files
         self.best_value: Optional[float] = None
-        best = self.list("best")
-        if best:  # recover the best metric value of a previous run of this directory
-            values = [v for v in (self._best_value_of(p) for _, p in best) if v is not None]
-            if values:
-                self.best_value = min(values) if self.policy.best_mode == "min" else max(values)
+        values = []
+        for _, p in self.list("best"):
+            try:
+                values.append(self._meta_of(p).get("best_value"))
+            except (CorruptCheckpointError, OSError):
+                pass  # set aside by the next restore or best save, with a warning
+        values = [v for v in values if v is not None]
+        if values:
+            self.best_value = min(values) if self.policy.best_mode == "min" else max(values)
 
     def _dir(self, kind: str) -> str:
         return self.directory if kind == "rolling" else os.path.join(self.directory, kind)
@@ -240,7 +350,7 @@ class CheckpointManager:
         return os.path.join(self._dir(kind), f"ckpt_{int(step):08d}.msgpack")
 
     def list(self, kind: str) -> list[tuple[int, str]]:
-        """[(step, path)] of complete-named checkpoints of `kind`, oldest first."""
+        """[(step, path)] of complete-named checkpoints of `kind` (readable or not), oldest first."""
         d = self._dir(kind)
         if not os.path.isdir(d):
             return []
@@ -248,38 +358,127 @@ class CheckpointManager:
         return sorted(found)
 
     def all(self) -> list[tuple[int, str]]:
-        """Every checkpoint of every kind, newest step first."""
+        """Every checkpoint of every kind (readable or not), newest step first."""
         return sorted((c for k in KINDS for c in self.list(k)), reverse=True)
 
-    def latest(self) -> Optional[str]:
-        """Path of the newest checkpoint that decodes, or None; unreadable ones are skipped."""
+    def _scan(self) -> tuple[Optional[tuple[str, dict]], list[tuple[str, str]]]:
+        """((path, payload) of the newest readable checkpoint or None, [(path, why)] of the unreadable newer ones)."""
+        unreadable = []
         for _, p in self.all():
             try:
-                read(p)
-                return p
+                return (p, read(p)), unreadable
             except (CorruptCheckpointError, OSError) as e:
-                warnings.warn(f"skipping unreadable checkpoint: {e}")
-        return None
+                unreadable.append((p, str(e)))
+        return None, unreadable
+
+    def latest(self) -> Optional[str]:
+        """Path of the newest readable checkpoint, or None; unreadable ones are skipped with a warning.
+
+        Changes nothing on disk (see `restore_latest`, which sets unreadable files aside).
+        """
+        found, unreadable = self._scan()
+        for p, why in unreadable:
+            warnings.warn(f"skipping unreadable checkpoint {p}: {why}")
+        return found[0] if found else None
+
+    def newest_readable(self) -> Optional[tuple[str, dict, list[tuple[str, str]]]]:
+        """The newest checkpoint that reads and passes its checksum; changes nothing on disk.
+
+        Returns:
+            None when there is no checkpoint at all; else (path, payload, unreadable): its path, its
+            decoded contents (`read`) and [(path, why)] of the unreadable checkpoints newer than it.
+
+        Raises:
+            UnreadableCheckpointsError: there are checkpoints, but none is readable.
+        """
+        found, unreadable = self._scan()
+        if found is None:
+            if unreadable:
+                raise UnreadableCheckpointsError(self.directory, unreadable)
+            return None
+        return found[0], found[1], unreadable
 
     def restore_latest(self, template: Any, expect: Optional[dict] = None) -> Optional[tuple[Any, dict]]:
-        """`restore` of the newest decodable checkpoint of any kind.
+        """`restore` of the newest readable checkpoint of any kind.
 
-        Unreadable files are skipped with a warning; a checkpoint that decodes but does not match
-        `template`/`expect` raises ValueError: it is never silently skipped.
+        Unreadable newer files are skipped and, once the restore succeeded, moved to `corrupt/` with a
+        warning (`set_aside`). A checkpoint that reads but does not match `template`/`expect` raises
+        ValueError: it is never skipped. A refused restore changes nothing on disk.
 
         Args:
-            template: the expected state structure (see `restore`).
+            template: the expected state structure (see `restore`), or a function of the checkpoint's
+                step returning it (for runs whose state changes structure over time).
             expect: meta keys mapped to required values (see `restore`).
 
         Returns:
-            (state, payload) as `restore` returns them, or None when no checkpoint decodes.
+            (state, payload) as `restore` returns them, or None when there is no checkpoint.
+
+        Raises:
+            UnreadableCheckpointsError: there are checkpoints, but none is readable.
         """
-        for _, p in self.all():
+        found = self.newest_readable()
+        if found is None:
+            return None
+        path, payload, unreadable = found
+        template = template(payload["step"]) if callable(template) else template
+        state = state_from_payload(payload, template, expect, path)
+        for p, why in unreadable:
+            self.set_aside(p, why)
+        return state, payload
+
+    def set_aside(self, path: str, why: str) -> Optional[str]:
+        """Moves an unreadable checkpoint to `directory/corrupt/` (never deleting it), with a warning.
+
+        Args:
+            path: the unreadable checkpoint.
+            why: why it is unreadable (for the warning).
+
+        Returns:
+            Its new path (a numbered name if the first choice is taken), or None when it could not be
+            moved (a warning says so; pruning and restores skip it anyway).
+        """
+        parent = os.path.dirname(os.path.abspath(path))
+        kind = "" if parent == os.path.abspath(self.directory) else os.path.basename(parent) + "-"
+        target_dir = os.path.join(self.directory, CORRUPT_DIR)
+        target = base = os.path.join(target_dir, kind + os.path.basename(path))
+        n = 0
+        while os.path.lexists(target):
+            n += 1
+            target = f"{base}.{n}"
+        try:
+            os.makedirs(target_dir, exist_ok=True)
+            os.rename(path, target)
+        except OSError as e:
+            warnings.warn(f"unreadable checkpoint {path} ({why}) could not be moved aside to {target} ({e}); "
+                          f"it is skipped")
+            return None
+        self._verified.pop(path, None)
+        warnings.warn(f"unreadable checkpoint {path} moved aside to {target}: {why}")
+        return target
+
+    def _meta_of(self, path: str) -> dict:
+        """The metadata of the readable checkpoint at `path` (read once per file version; raises if unreadable)."""
+        st = os.stat(path)
+        signature = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = self._verified.get(path)
+        if cached is None or cached[0] != signature:
+            cached = self._verified[path] = (signature, read(path)["meta"])
+        return cached[1]
+
+    def _readable(self, kind: str) -> list[tuple[int, str, dict]]:
+        """[(step, path, meta)] of the readable checkpoints of `kind`, oldest first; unreadable ones are set aside."""
+        out = []
+        for step, p in self.list(kind):
             try:
-                return restore(p, template, expect)
+                out.append((step, p, self._meta_of(p)))
             except (CorruptCheckpointError, OSError) as e:
-                warnings.warn(f"skipping unreadable checkpoint: {e}")
-        return None
+                self.set_aside(p, str(e))
+        return out
+
+    def _write(self, path: str, data: bytes, meta: dict) -> None:
+        atomic_write_bytes(path, data)
+        st = os.stat(path)
+        self._verified[path] = ((st.st_ino, st.st_size, st.st_mtime_ns), json.loads(json.dumps(meta)))
 
     def mark_time(self, now: float) -> None:
         """Starts the every_seconds clock (call when training starts or resumes)."""
@@ -308,7 +507,9 @@ class CheckpointManager:
 
     def save(self, step: int, state: Any, meta: Optional[dict] = None, kinds: Sequence[str] = ("rolling",),
              now: Optional[float] = None) -> list[str]:
-        """Writes the checkpoint once per kind in `kinds`; prunes rolling ones beyond `policy.keep`.
+        """Writes the checkpoint once per kind in `kinds`; prunes readable rolling ones beyond `policy.keep`.
+
+        Unreadable rolling checkpoints are never counted or deleted: they are set aside (`set_aside`).
 
         Args:
             step: the step the state is at (it names the file).
@@ -326,10 +527,10 @@ class CheckpointManager:
         data = to_bytes(state, step, meta)
         for kind in kinds:
             path = self.path(kind, step)
-            atomic_write_bytes(path, data)
+            self._write(path, data, meta or {})
             paths.append(path)
         if "rolling" in kinds:
-            for _, old in self.list("rolling")[:-self.policy.keep]:
+            for _, old, _ in self._readable("rolling")[:-self.policy.keep]:
                 _remove(old)
             if now is not None:
                 self._last_save_time = now
@@ -346,6 +547,8 @@ class CheckpointManager:
     def save_best(self, step: int, state: Any, value: float, meta: Optional[dict] = None) -> Optional[str]:
         """Saves a "best" checkpoint if `value` improves on the best so far; keeps the `keep_best` best.
 
+        Only readable best checkpoints are ranked and pruned; unreadable ones are set aside.
+
         Args:
             step: the step the state is at.
             state: any pytree of arrays.
@@ -360,24 +563,16 @@ class CheckpointManager:
         self.best_value = float(value)
         meta = dict(meta or {}, best_metric=self.policy.best_metric, best_value=float(value))
         path = self.path("best", step)
-        atomic_write_bytes(path, to_bytes(state, step, meta))
+        self._write(path, to_bytes(state, step, meta), meta)
         sign = 1.0 if self.policy.best_mode == "min" else -1.0
 
-        def rank(c):  # best first; an unreadable file ranks last and is the first removed
-            v = self._best_value_of(c[1])
+        def rank(c):  # best first; a readable file without a value ranks last
+            v = c[2].get("best_value")
             return float("inf") if v is None else sign * v
 
-        ranked = sorted(self.list("best"), key=rank)
-        for _, old in ranked[self.policy.keep_best:]:
+        for _, old, _ in sorted(self._readable("best"), key=rank)[self.policy.keep_best:]:
             _remove(old)
         return path
-
-    @staticmethod
-    def _best_value_of(path: str) -> Optional[float]:
-        try:
-            return read(path)["meta"].get("best_value")
-        except (CorruptCheckpointError, OSError):
-            return None
 
 
 def _remove(path: str) -> None:

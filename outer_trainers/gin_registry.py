@@ -94,8 +94,9 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
     """Parses gin config files, then bindings, into gin's global config, exiting on any error.
 
     For command-line scripts: a missing file exits with its name; a config gin rejects (unknown
-    configurable or parameter, syntax error) prints gin's message, with the files, to stderr and
-    exits with status 2, before anything is built or compiled.
+    configurable or parameter, syntax error) prints gin's message to stderr, naming the file or
+    quoting the `--gin_param` text that failed, and exits with status 2, before anything is built
+    or compiled. Each file and each binding is parsed on its own so the error names its source.
 
     Args:
       gin_files: paths of gin files, parsed in order.
@@ -107,12 +108,15 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
     for f in gin_files:
         if not os.path.exists(f):
             raise SystemExit(f"error: gin file {f!r} does not exist")
-    try:
-        gin.parse_config_files_and_bindings(gin_files, gin_params)
-    except Exception as e:  # gin raises ValueError/KeyError/SyntaxError-like errors with locations
-        files = ", ".join(gin_files) or "(no files)"
-        print(f"error: bad gin configuration in {files}:\n{e}", file=sys.stderr)
-        raise SystemExit(2) from e
+    steps = [(f"bad gin configuration in {f}", gin.parse_config_file, f) for f in gin_files]
+    steps += [(f"bad --gin_param {p!r}", gin.parse_config, p) for p in gin_params]
+    steps.append(("bad gin configuration (while finalizing)", lambda _: gin.finalize(), None))
+    for what, parse, source in steps:
+        try:
+            parse(source)
+        except Exception as e:  # gin raises ValueError/KeyError/SyntaxError-like errors with locations
+            print(f"error: {what}:\n{e}", file=sys.stderr)
+            raise SystemExit(2) from e
 
 
 register_all()

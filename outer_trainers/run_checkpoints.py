@@ -11,24 +11,41 @@ be resumed: the learned optimizer's architecture and config, the estimators and 
 config — and the run's RunTotals. With `output_dir=None` there are none: `restore_or_init`
 initialises and `save` does nothing. Nothing here runs a loop, so a learner fed by remote
 workers checkpoints and resumes the same way as `outer_train`.
+
+Nothing is lost without being asked for: `restore_or_init` resumes from the newest readable
+checkpoint (setting unreadable newer ones aside); it refuses (`UnreadableCheckpointsError`) when
+there are checkpoints but none is readable, and refuses (`ExistingRunError`) a new run in a
+directory that holds a run's results (`RUN_RESULTS`: metrics, TensorBoard files, checkpoints,
+final theta), unless `overwrite=True`, which deletes those results (and only those) first. A
+refused start changes nothing on disk; `check_start` tells what a start would do without doing it.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
 import time
 from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
 
-from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy
+from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy, UnreadableCheckpointsError, check_meta
 from outer_trainers.estimators.gradient_estimator import GradientEstimator
 from outer_trainers.gradient_learner import GradientLearner
 from outer_trainers.reporting import RunTotals
+from outer_trainers.summaries import METRICS_FILE, TB_DIR
 
 logger = logging.getLogger("outer_trainers")
 CHECKPOINT_DIR = "checkpoints"
+THETA_FINAL = "theta_final.msgpack"
+RUN_RESULTS = (METRICS_FILE, TB_DIR, CHECKPOINT_DIR, THETA_FINAL)
+OVERWRITE_ADVICE = ("pass overwrite=True (outer_train, train.overwrite, or --overwrite on scripts/outer_train.py) "
+                    "to delete them and start a new run")
+
+
+class ExistingRunError(ValueError):
+    """A new run was asked for in a directory that holds another run's results, without `overwrite=True`."""
 
 
 def run_metadata(learner: GradientLearner, estimators: Sequence[Union[GradientEstimator, str]],
@@ -59,12 +76,16 @@ class RunCheckpoints:
         output_dir: the run's directory; None keeps no checkpoints.
         policy: when to save (a CheckpointPolicy; default `CheckpointPolicy()`).
         meta: the run's metadata (`run_metadata`): stored in every checkpoint and required to match on restore.
+        results: the names (files or directories) in `output_dir` that hold the run's results: a new run
+            refuses to start over them, and `overwrite=True` deletes them (default `RUN_RESULTS`).
     """
 
     def __init__(self, output_dir: Optional[str], policy: Optional[CheckpointPolicy] = None,
-                 meta: Optional[dict] = None):
+                 meta: Optional[dict] = None, *, results: Sequence[str] = RUN_RESULTS):
+        self.output_dir = output_dir
         self.policy = policy or CheckpointPolicy()
         self.meta = dict(meta or {})
+        self.results = tuple(results)
         self.manager = None
         if output_dir is not None:
             self.manager = CheckpointManager(os.path.join(output_dir, CHECKPOINT_DIR), self.policy)
@@ -75,17 +96,94 @@ class RunCheckpoints:
         found = self.manager.all() if self.manager is not None else []
         return found[0][0] if found else None
 
+    def existing_results(self) -> list[str]:
+        """The names of `results` present in `output_dir` (directories only when not empty), sorted."""
+        if self.output_dir is None:
+            return []
+        present = []
+        for name in self.results:
+            path = os.path.join(self.output_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                if any(files for _, _, files in os.walk(path)):
+                    present.append(name)
+            elif os.path.lexists(path):
+                present.append(name)
+        return sorted(present)
+
+    def clear_results(self) -> list[str]:
+        """Deletes the run's results (`existing_results`) from `output_dir`, and nothing else there.
+
+        Returns:
+            The names deleted.
+        """
+        present = self.existing_results()
+        for name in present:
+            path = os.path.join(self.output_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        if present:
+            logger.warning("overwrite: deleted the previous run's %s from %s", ", ".join(present), self.output_dir)
+        if self.manager is not None:
+            self.manager.rescan()  # forget the deleted run's best value
+        return present
+
+    def check_start(self, *, resume: bool = True, overwrite: bool = False) -> Optional[int]:
+        """What `restore_or_init` would do with the same arguments, without doing it or changing anything on disk.
+
+        Args:
+            resume: continue from the newest readable checkpoint (see `restore_or_init`).
+            overwrite: start a new run, deleting the previous run's results (see `restore_or_init`).
+
+        Returns:
+            The step of the checkpoint it would resume from, or None for a new run.
+
+        Raises:
+            UnreadableCheckpointsError: `resume` and there are checkpoints, but none is readable.
+            ValueError: the checkpoint it would resume from was written by another run (metadata differs).
+            ExistingRunError: a new run would start over results in `output_dir` without `overwrite`.
+        """
+        if self.manager is None or overwrite:
+            return None
+        if resume:
+            try:
+                found = self.manager.newest_readable()
+            except UnreadableCheckpointsError as e:
+                raise UnreadableCheckpointsError(e.directory, e.unreadable, advice=(
+                    f"Move them away (or restore good copies) to resume, use another output_dir, or "
+                    f"{OVERWRITE_ADVICE}.")) from None
+            if found is not None:
+                path, payload, _ = found
+                check_meta(path, payload["meta"], self.meta)
+                return payload["step"]
+        present = self.existing_results()
+        if present:
+            why = "resume=False asks for a new run" if resume is False else "it has no checkpoint to resume from"
+            raise ExistingRunError(f"{self.output_dir} holds the results of a run ({', '.join(present)}) and {why}; "
+                                   f"a new run there would overwrite them. Use another output_dir, or "
+                                   f"{OVERWRITE_ADVICE}.")
+        return None
+
     def restore_or_init(self, init: Callable[[jax.Array], Any], key: jax.Array, *, resume: bool = True,
+                        overwrite: bool = False,
                         structure_at: Optional[Callable[[int], Any]] = None) -> tuple[Any, RunTotals]:
         """The state and totals of the newest readable checkpoint, or `init(key)` and zero totals.
 
         A checkpoint that reads but does not match the metadata or the state's structure raises
-        ValueError (it is never skipped); unreadable ones are skipped with a warning.
+        ValueError (it is never skipped); unreadable ones are skipped and, once a good one is
+        restored, set aside to `checkpoints/corrupt/` with a warning. When there are checkpoints but
+        none is readable it raises `UnreadableCheckpointsError`; a new run (no checkpoint, or
+        `resume=False`) where `output_dir` holds results raises `ExistingRunError`. Either refusal
+        changes nothing on disk; `overwrite=True` starts a new run instead, deleting the results first.
 
         Args:
             init: `init(key) -> state`, the initial state of a new run.
             key: the run's PRNG key, for `init`.
-            resume: False ignores existing checkpoints and initialises.
+            resume: continue from the newest readable checkpoint; False starts a new run (refused where
+                `output_dir` holds results, unless `overwrite`).
+            overwrite: start a new run whatever `output_dir` holds, deleting the previous run's results
+                (`results`: its checkpoints included) first; implies not resuming.
             structure_at: `structure_at(step)` -> the structure (e.g. via `jax.eval_shape`) of the state a
                 checkpoint written at `step` holds, for runs whose state changes structure over time (an
                 EstimatorSchedule); default: that of `init(key)`.
@@ -93,16 +191,14 @@ class RunCheckpoints:
         Returns:
             (state, totals).
         """
-        newest = self.newest_step() if resume else None
-        if newest is not None:
-            template = jax.eval_shape(init, key) if structure_at is None else structure_at(newest)
-            found = self.manager.restore_latest(template, expect=self.meta)
-            if found is not None:
-                state, payload = found
-                logger.info("resuming from step %d (%s)", payload["step"], self.manager.directory)
-                return state, RunTotals.from_meta(payload["meta"])
-        return init(key), RunTotals()
-
+        if self.check_start(resume=resume, overwrite=overwrite) is None:
+            if overwrite:
+                self.clear_results()
+            return init(key), RunTotals()
+        template = structure_at if structure_at is not None else (lambda _: jax.eval_shape(init, key))
+        state, payload = self.manager.restore_latest(template, expect=self.meta)
+        logger.info("resuming from step %d (%s)", payload["step"], self.manager.directory)
+        return state, RunTotals.from_meta(payload["meta"])
     def save(self, step: int, state: Any, totals: RunTotals, metrics: Optional[dict] = None, *,
              final: bool = False) -> None:
         """Saves the checkpoints the policy wants after outer step `step`.

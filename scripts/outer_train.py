@@ -5,10 +5,13 @@
         [--gin_param 'train.num_steps = 20' ...]
 
 Writes metrics.jsonl, tb/ (TensorBoard), checkpoints/, theta_final.msgpack, config.gin (the
-operative config) and, when `train.eval_num_tasks > 0`, comparison.md (learned optimizer vs Adam
-on held-out tasks). Re-running the same command with the same --output_dir resumes from the
-latest complete checkpoint; changing a binding other than run length, logging, evaluation or
-checkpoint options (RESUME_SAFE) makes the resume fail with the differing bindings named.
+operative config, written once the run has started or resumed) and, when `train.eval_num_tasks > 0`,
+comparison.md (learned optimizer vs Adam on held-out tasks). Re-running the same command with the
+same --output_dir resumes from the newest readable checkpoint; changing a binding other than run
+length, logging, evaluation or checkpoint options (RESUME_SAFE) makes the resume fail with the
+differing bindings named, leaving the directory as it was. A new run (no readable checkpoint, or
+`train.resume = False`) never starts over an earlier run's results: it fails listing them, unless
+--overwrite (or `train.overwrite = True`) is given, which deletes them (SCRIPT_RESULTS) first.
 """
 from __future__ import annotations
 
@@ -26,14 +29,17 @@ import outer_trainers as ot
 from lopt.base import LearnedOptimizer
 from lopt.file_io import atomic_write_bytes
 from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
+from outer_trainers.run_checkpoints import RUN_RESULTS, RunCheckpoints, run_metadata
 from outer_trainers.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
 
 # Bindings that may change between a run and its resumption (length, logging, evaluation, saving):
 # every other binding must match the checkpoint's.
 RESUME_SAFE = ("train.num_steps", "train.progress", "train.log_every", "train.tensorboard", "train.resume",
-               "train.eval_", "train.meta_eval_", "train.checkpoint", "train.keep_", "train.permanent_",
-               "train.best_")
+               "train.overwrite", "train.eval_", "train.meta_eval_", "train.checkpoint", "train.keep_",
+               "train.permanent_", "train.best_")
+CONFIG_FILE, COMPARISON_FILE = "config.gin", "comparison.md"
+SCRIPT_RESULTS = RUN_RESULTS + (CONFIG_FILE, COMPARISON_FILE)  # what a run of this script leaves in output_dir
 
 
 def gin_bindings(config_str: str, ignore: Sequence[str] = RESUME_SAFE) -> list[str]:
@@ -84,18 +90,21 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
           num_steps: int = 100, seed: int = 0, meta_loss_split: Optional[str] = None,
           eval_num_tasks: int = 0, eval_num_steps: int = 200, eval_adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2),
           progress: Union[bool, str] = True, log_every: int = 1, tensorboard: bool = True, resume: bool = True,
+          overwrite: bool = False,
           checkpoint_every_steps: Optional[int] = None, checkpoint_every_seconds: Optional[float] = 600.0,
           keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (),
           permanent_checkpoint_every: Optional[int] = None,
           best_metric: Optional[str] = "eval/final_loss", best_mode: str = "min", keep_best: int = 1,
           meta_eval_every: int = 0, meta_eval_tasks: Optional[Sequence[Any]] = None, meta_eval_num_tasks: int = 4,
           meta_eval_num_steps: int = 100, meta_eval_seed: int = 12345,
-          config: Optional[dict] = None) -> ot.OuterTrainState:
+          config: Optional[dict] = None, config_text: Optional[str] = None) -> ot.OuterTrainState:
     """Meta-trains `learned_opt` on `task_family`, then optionally compares it with Adam.
 
-    Builds the `LOptTruncatedStep` and the estimators, runs `outer_train` (checkpointing and
-    resuming in `output_dir`, meta-evaluating every `meta_eval_every` steps) and, when
-    `eval_num_tasks` > 0, prints and writes comparison.md: `compare_optimizers` on held-out tasks.
+    Checks the arguments and whether the run may start or resume in `output_dir` (nothing is
+    written before), writes `config_text` to config.gin, builds the `LOptTruncatedStep` and the
+    estimators, runs `outer_train` (checkpointing and resuming in `output_dir`, meta-evaluating
+    every `meta_eval_every` steps) and, when `eval_num_tasks` > 0, prints and writes comparison.md:
+    `compare_optimizers` on held-out tasks.
 
     Args:
       output_dir: where metrics, TensorBoard summaries, checkpoints, theta and reports go.
@@ -114,7 +123,9 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       progress: True or "bar" (tqdm), "log" (plain lines, for log files), False or "none".
       log_every: outer steps between metrics lines.
       tensorboard: also write TensorBoard summaries.
-      resume: continue from the latest complete checkpoint in `output_dir`.
+      resume: continue from the newest readable checkpoint in `output_dir`; False starts a new run (refused
+        where `output_dir` holds results, unless `overwrite`).
+      overwrite: start a new run, first deleting the results (SCRIPT_RESULTS) of any run in `output_dir`.
       checkpoint_every_steps: outer steps between checkpoints (None: not by steps).
       checkpoint_every_seconds: seconds between checkpoints (None: not by time).
       keep_checkpoints: how many recent checkpoints to keep.
@@ -129,10 +140,17 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       meta_eval_num_steps: inner steps of each meta-evaluation run.
       meta_eval_seed: the seed of the meta-evaluation task draws.
       config: the run's config, stored with checkpoints; a resume refuses a different one.
+      config_text: written to `output_dir`/config.gin once the start or resume check passed (None: not written).
 
     Returns:
       the final `OuterTrainState`.
     """
+    if eval_num_tasks < 0:
+        raise ValueError(f"train.eval_num_tasks must be >= 0 (0: no comparison with Adam), got {eval_num_tasks}")
+    if eval_num_tasks > 0 and (eval_num_steps < 1 or not eval_adam_lrs):
+        raise ValueError(f"the comparison with Adam (train.eval_num_tasks = {eval_num_tasks}) needs "
+                         f"train.eval_num_steps >= 1 and at least one train.eval_adam_lrs, got eval_num_steps="
+                         f"{eval_num_steps}, eval_adam_lrs={tuple(eval_adam_lrs)}; set them, or eval_num_tasks = 0")
     step = ot.LOptTruncatedStep(task_family, learned_opt, trunc_sched, meta_loss_split=meta_loss_split)
     ests = [make(step) for make in estimators]
     learner = ot.GradientLearner(learned_opt, outer_opt)
@@ -145,6 +163,11 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
                                  permanent_every=permanent_checkpoint_every,
                                  best_metric=best_metric if evaluator is not None else None,
                                  best_mode=best_mode, keep_best=keep_best)
+    run = RunCheckpoints(output_dir, policy, run_metadata(learner, ests, config), results=SCRIPT_RESULTS)
+    if run.check_start(resume=resume, overwrite=overwrite) is None and overwrite:
+        run.clear_results()  # config.gin and comparison.md too; outer_train then starts a new run
+    if config_text is not None:
+        atomic_write_bytes(os.path.join(output_dir, CONFIG_FILE), config_text.encode("utf-8"))
     state = ot.outer_train(learner, ests, num_steps, output_dir=output_dir, seed=seed, weights=estimator_weights,
                            progress=progress, log_every=log_every, checkpoint_policy=policy, resume=resume,
                            meta_evaluator=evaluator, eval_every=meta_eval_every, tensorboard=tensorboard,
@@ -157,8 +180,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
         table = ot.format_comparison(results, eval_num_steps)
         title = f"Held-out {task_family.name} tasks ({eval_num_tasks} tasks, same inner steps)"
         print(f"\n{title}\n{table}")
-        with open(os.path.join(output_dir, "comparison.md"), "w", encoding="utf-8") as f:
-            f.write(f"# {title}\n\n{table}\n")
+        atomic_write_bytes(os.path.join(output_dir, COMPARISON_FILE), f"# {title}\n\n{table}\n".encode("utf-8"))
     return state
 
 
@@ -168,12 +190,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--gin_file", action="append", default=[], help="gin config file (repeatable)")
     p.add_argument("--gin_param", action="append", default=[], help="gin binding, e.g. 'train.num_steps = 10'")
     p.add_argument("--output_dir", required=True, help="where metrics, theta and reports go")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run even where output_dir holds one, deleting its results first")
     return p.parse_args(argv)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> ot.OuterTrainState:
-    """Parses the command line (`argv`, default `sys.argv[1:]`) and its gin config, saves the operative
-    config to `output_dir`/config.gin and runs `train`.
+    """Parses the command line (`argv`, default `sys.argv[1:]`) and its gin config and runs `train`, which
+    saves the config to `output_dir`/config.gin once the run may start or resume.
 
     Returns:
       `train`'s final state.
@@ -181,10 +205,9 @@ def main(argv: Optional[Sequence[str]] = None) -> ot.OuterTrainState:
     args = parse_args(argv)
     load_config(args.gin_file, args.gin_param)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.makedirs(args.output_dir, exist_ok=True)
     config_str = gin.config_str()
-    atomic_write_bytes(os.path.join(args.output_dir, "config.gin"), config_str.encode("utf-8"))
-    return train(args.output_dir, config={"gin_bindings": gin_bindings(config_str)})
+    options = {"overwrite": True} if args.overwrite else {}  # else train.overwrite's binding (default False)
+    return train(args.output_dir, config={"gin_bindings": gin_bindings(config_str)}, config_text=config_str, **options)
 
 
 if __name__ == "__main__":

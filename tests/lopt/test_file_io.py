@@ -1,5 +1,7 @@
-"""lopt.file_io: atomic writes, msgpack reads, Markdown sections of the benchmark page."""
+"""lopt.file_io: atomic writes (permissions from the umask), msgpack reads, Markdown sections of the
+benchmark page."""
 import os
+import stat
 
 import pytest
 
@@ -45,3 +47,16 @@ def test_read_msgpack_file_names_the_file(tmp_path):
     file_io.atomic_write_bytes(path, b"\xc1\xc1 not msgpack")
     with pytest.raises(ValueError, match="x.msgpack is not a readable thing"):
         file_io.read_msgpack_file(path, "lopt.thing", "thing")
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_atomic_write_respects_the_umask(tmp_path, umask, mode):
+    path = str(tmp_path / "f.bin")
+    old = os.umask(umask)
+    try:
+        file_io.atomic_write_bytes(path, b"new")
+        file_io.atomic_write_bytes(path, b"newer")  # replacing a file too
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(path).st_mode) == mode
+    assert os.listdir(tmp_path) == ["f.bin"]

@@ -166,3 +166,35 @@ def test_mismatched_architecture_or_config_fails(setup, tmp_path):
     mgr = ot.CheckpointManager(os.path.join(out, "checkpoints"))
     with pytest.raises(ValueError, match="another structure"):
         C.restore(mgr.latest(), {"theta": jnp.zeros(3)})
+
+
+def _rewrite(path, **changes):
+    """Rewrites the checkpoint at `path` with some of its entries changed (None removes an entry)."""
+    from flax import serialization
+    payload = serialization.msgpack_restore(open(path, "rb").read())
+    payload.update(changes)
+    payload = {k: v for k, v in payload.items() if v is not None}
+    with open(path, "wb") as f:
+        f.write(serialization.msgpack_serialize(payload))
+
+
+def test_checksum_is_verified_before_anything_else(tmp_path):
+    mgr = ot.CheckpointManager(str(tmp_path))
+    path = mgr.save(3, {"theta": jnp.arange(4.0)}, {"architecture": "LearnableSGD"})[0]
+    payload = C.read(path)
+    assert payload["version"] == 2 and len(payload["checksum"]) == 64
+    _rewrite(path, meta=json.dumps({"architecture": "LearnableSGE"}))  # content changed, checksum kept
+    with pytest.raises(C.CorruptCheckpointError, match="ckpt_00000003.msgpack is corrupt: .*checksum"):
+        C.restore(path, {"theta": jnp.zeros(4)}, expect={"architecture": "LearnableSGD"})
+
+
+def test_version_1_files_are_read_with_a_warning(tmp_path):
+    mgr = ot.CheckpointManager(str(tmp_path))
+    path = mgr.save(3, {"theta": jnp.arange(4.0)}, {"architecture": "LearnableSGD"})[0]
+    _rewrite(path, version=1, checksum=None)
+    with pytest.warns(UserWarning, match="ckpt_00000003.msgpack has format version 1, which carries no checksum"):
+        state, payload = C.restore(path, {"theta": jnp.zeros(4)}, expect={"architecture": "LearnableSGD"})
+    np.testing.assert_array_equal(state["theta"], jnp.arange(4.0))
+    _rewrite(path, version=3)
+    with pytest.raises(C.CorruptCheckpointError, match="format version 3, which this lopt does not read"):
+        C.read(path)

@@ -95,14 +95,25 @@ def test_optax_names_are_bound(name):
 def test_load_config_parses_and_reports_errors(tmp_path, capsys):
     cfg = tmp_path / "ok.gin"
     cfg.write_text("gin_registry_probe.x = 3\n")
+    bad = tmp_path / "bad.gin"
+    bad.write_text("gin_registry_probe.x = = 3\n")
     try:
         gin_registry.load_config([str(cfg)], ["gin_registry_probe.x = 4"])
         assert probe() == 4  # bindings after files
+        gin.clear_config()
         with pytest.raises(SystemExit, match="nope.gin"):
             gin_registry.load_config([str(tmp_path / "nope.gin")], [])
-        with pytest.raises(SystemExit) as exit_info:
-            gin_registry.load_config([str(cfg)], ["gin_registry_probe.y = 1"])
-        assert exit_info.value.code == 2
-        assert "ok.gin" in capsys.readouterr().err
+        for files, param, blamed in [([cfg, bad], "gin_registry_probe.x = 4", "in " + str(bad)),
+                                     ([cfg], "gin_registry_probe.y = 1", "--gin_param 'gin_registry_probe.y = 1'"),
+                                     ([cfg], "gin_registry_probe.x = = 1", "--gin_param 'gin_registry_probe.x = = 1'")]:
+            gin.clear_config()
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as exit_info:
+                gin_registry.load_config([str(f) for f in files], [param])
+            assert exit_info.value.code == 2
+            err = capsys.readouterr().err
+            assert blamed in err, err  # the failing file, or the failing --gin_param quoted
+            if "--gin_param" in blamed:
+                assert "ok.gin" not in err  # a bad binding is not blamed on a good file
     finally:
         gin.clear_config()

@@ -1,4 +1,6 @@
-"""RunCheckpoints without a loop: restore-or-init, metadata checks, totals and best checkpoints."""
+"""RunCheckpoints without a loop: restore-or-init, metadata checks, totals, best checkpoints, refusals and overwrite."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,7 +10,7 @@ import pytest
 import lopt
 import outer_trainers as ot
 from outer_trainers.reporting import RunTotals
-from outer_trainers.run_checkpoints import CHECKPOINT_DIR, RunCheckpoints, run_metadata
+from outer_trainers.run_checkpoints import CHECKPOINT_DIR, ExistingRunError, RunCheckpoints, run_metadata
 
 
 def _init(key):
@@ -49,7 +51,23 @@ def test_restore_or_init_resumes_the_newest_matching_checkpoint(meta, tmp_path):
     restored, totals = again.restore_or_init(_init, jax.random.key(7))
     assert int(restored["step"]) == 3 and totals == RunTotals(3.0, 3)
     np.testing.assert_array_equal(restored["theta"], state["theta"])
-    fresh, totals = again.restore_or_init(_init, jax.random.key(7), resume=False)
-    assert int(fresh["step"]) == 0 and totals == RunTotals()
     with pytest.raises(ValueError, match="does not match this run"):
         RunCheckpoints(str(tmp_path), policy, dict(meta, estimators=["B"])).restore_or_init(_init, jax.random.key(7))
+
+
+def test_a_new_run_over_results_is_refused_unless_overwrite(meta, tmp_path):
+    policy = ot.CheckpointPolicy(every_steps=1, every_seconds=None, best_metric="eval")
+    run = RunCheckpoints(str(tmp_path), policy, meta)
+    run.save(1, _init(jax.random.key(1)), RunTotals(), {"eval": 0.5})
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / "notes.txt").write_text("mine")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    again = RunCheckpoints(str(tmp_path), policy, meta)
+    with pytest.raises(ExistingRunError, match=r"\(checkpoints, metrics.jsonl\) and resume=False.*overwrite=True"):
+        again.restore_or_init(_init, jax.random.key(7), resume=False)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # a refusal changes nothing
+    assert again.check_start() == 1
+    fresh, totals = again.restore_or_init(_init, jax.random.key(7), overwrite=True)
+    assert int(fresh["step"]) == 0 and totals == RunTotals()
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # only lopt's own results are deleted
+    assert again.manager.best_value is None and again.manager.save_best(1, fresh, 0.9)  # the old best is forgotten

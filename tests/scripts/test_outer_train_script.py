@@ -124,7 +124,72 @@ def test_rerun_resumes_and_a_changed_config_is_refused(tmp_path):
         assert [json.loads(l)["step"] for l in open(os.path.join(out, "metrics.jsonl"))] == [1, 2, 3, 4]
         assert os.path.exists(os.path.join(out, "tb"))
         gin.clear_config()
+        config_gin = open(os.path.join(out, "config.gin")).read()
+        assert "train.num_steps = 4" in config_gin
         with pytest.raises(ValueError, match=r"only in checkpoint: \['TruncatedPES.std = 0.05'\]"):
             run("train.num_steps = 5", "TruncatedPES.std = 0.1")
+        assert open(os.path.join(out, "config.gin")).read() == config_gin  # the refused config is not written
+    finally:
+        gin.clear_config()
+
+
+def _old_run(out):
+    """A directory with an earlier run's results in it (as lopt names them) and a file of the user's."""
+    (out / "tb").mkdir(parents=True)
+    for name in ("metrics.jsonl", "config.gin", "comparison.md", "theta_final.msgpack", "tb/events", "notes.txt"):
+        (out / name).write_text(f"old {name}")
+    return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+
+def test_a_new_run_over_results_is_refused(tmp_path):
+    import outer_train
+    cfg = tmp_path / "tiny.gin"
+    cfg.write_text(TINY)
+    out = tmp_path / "run"
+    before = _old_run(out)
+    try:
+        for resume in ("True", "False"):  # no checkpoint to resume from, or a new run asked for
+            gin.clear_config()
+            with pytest.raises(ot.run_checkpoints.ExistingRunError,
+                               match=r"\(comparison.md, config.gin, metrics.jsonl, tb, theta_final.msgpack\).*"
+                                     r"--overwrite"):
+                outer_train.main(["--gin_file", str(cfg), "--output_dir", str(out), "--gin_param",
+                                  f"train.resume = {resume}"])
+            assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    finally:
+        gin.clear_config()
+
+
+@pytest.mark.slow
+def test_overwrite_starts_a_new_run_over_results(tmp_path):
+    import outer_train
+    cfg = tmp_path / "tiny.gin"
+    cfg.write_text(TINY)
+    out = tmp_path / "run"
+    _old_run(out)
+    try:
+        gin.clear_config()
+        state = outer_train.main(["--gin_file", str(cfg), "--output_dir", str(out), "--overwrite",
+                                  "--gin_param", "train.num_steps = 1"])
+        assert state.step == 1
+        assert [json.loads(l)["step"] for l in open(out / "metrics.jsonl")] == [1]
+        assert "train.num_steps = 1" in (out / "config.gin").read_text()
+        assert not (out / "comparison.md").exists() and (out / "notes.txt").read_text() == "old notes.txt"
+        lopt.load_theta(str(out / "theta_final.msgpack"))
+    finally:
+        gin.clear_config()
+
+
+def test_a_comparison_needs_inner_steps(tmp_path):
+    import outer_train
+    cfg = tmp_path / "tiny.gin"
+    cfg.write_text(TINY)
+    out = tmp_path / "run"
+    try:
+        gin.clear_config()
+        with pytest.raises(ValueError, match=r"train.eval_num_steps >= 1.*got eval_num_steps=0"):
+            outer_train.main(["--gin_file", str(cfg), "--output_dir", str(out), "--gin_param", "train.num_steps = 1",
+                              "--gin_param", "train.eval_num_tasks = 2", "--gin_param", "train.eval_num_steps = 0"])
+        assert not out.exists()  # refused before anything was trained or written
     finally:
         gin.clear_config()
