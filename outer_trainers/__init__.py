@@ -16,16 +16,20 @@ from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogU
                                                 TruncationState)
 from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy
 from outer_trainers.meta_eval import MetaEvaluator
+from outer_trainers.train_eval import Evaluation, Evaluator
+from outer_trainers.train_loop import run_to_end, train_loop
 from outer_trainers.train_model import TrainResult, TrainState, train_model
 
 __all__ = [
     "EstimatorSchedule",
     "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
     "NeverEndingTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
-    "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES", "GradientLearner", "LearnerState",
+    "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES",
+    "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",
     "Reporter", "RunTotals", "RunCheckpoints",
     "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",
+    "train_loop", "run_to_end", "Evaluation", "Evaluator",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import sys
 from typing import Any, Sequence
 
@@ -119,4 +120,28 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
             raise SystemExit(2) from e
 
 
+def gin_bindings(config_str: str, ignore: Sequence[str] = ()) -> list[str]:
+    """The bindings of a gin config string, as the checkpoint's config records them for resume checks.
+
+    Args:
+      config_str: gin config text (e.g. `gin.config_str()`).
+      ignore: binding-name prefixes to drop (e.g. the options a resume may change).
+
+    Returns:
+      one string per binding (continuation lines joined; comments and blank lines dropped), without
+      the bindings whose name starts with a prefix in `ignore`.
+    """
+    out = []
+    for line in config_str.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if re.match(r"^[A-Za-z_@][\w./@-]*\s*=", line) or not out or line.startswith(("import ", "from ")):
+            out.append(stripped)
+        else:
+            out[-1] += " " + stripped
+    return [b for b in out if not b.split("=")[0].strip().startswith(tuple(ignore))]
+
+
 register_all()
+

@@ -78,17 +78,25 @@ class RunCheckpoints:
         meta: the run's metadata (`run_metadata`): stored in every checkpoint and required to match on restore.
         results: the names (files or directories) in `output_dir` that hold the run's results: a new run
             refuses to start over them, and `overwrite=True` deletes them (default `RUN_RESULTS`).
+        checkpoint_dir: where the checkpoints go (default `output_dir/checkpoints`; None with no
+            `output_dir`: no checkpoints).
+        manager_factory: `manager_factory(directory, policy)` builds the CheckpointManager (default
+            `CheckpointManager`; e.g. a manager that writes in a background thread).
     """
 
     def __init__(self, output_dir: Optional[str], policy: Optional[CheckpointPolicy] = None,
-                 meta: Optional[dict] = None, *, results: Sequence[str] = RUN_RESULTS):
+                 meta: Optional[dict] = None, *, results: Sequence[str] = RUN_RESULTS,
+                 checkpoint_dir: Optional[str] = None,
+                 manager_factory: Callable[[str, CheckpointPolicy], CheckpointManager] = CheckpointManager):
         self.output_dir = output_dir
         self.policy = policy or CheckpointPolicy()
         self.meta = dict(meta or {})
         self.results = tuple(results)
         self.manager = None
-        if output_dir is not None:
-            self.manager = CheckpointManager(os.path.join(output_dir, CHECKPOINT_DIR), self.policy)
+        if checkpoint_dir is None and output_dir is not None:
+            checkpoint_dir = os.path.join(output_dir, CHECKPOINT_DIR)
+        if checkpoint_dir is not None:
+            self.manager = manager_factory(checkpoint_dir, self.policy)
             self.manager.mark_time(time.perf_counter())
 
     def newest_step(self) -> Optional[int]:

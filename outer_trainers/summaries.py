@@ -15,7 +15,7 @@ import math
 import os
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from lopt.file_io import atomic_write_bytes
 
@@ -116,8 +116,12 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}" if math.isfinite(x) else str(x)
 
 
+OUTER_PROGRESS_FIELDS = (("meta_loss", "meta_loss"), ("inner_steps/s", "inner_steps_per_s"),
+                         ("dropped", "num_dropped_total"))
+
+
 class Progress:
-    """Progress display of the outer steps, showing meta-loss, inner steps/s and dropped estimates.
+    """Progress display of a training loop: a tqdm bar, plain log lines, or nothing.
 
     Args:
         mode: "bar": a tqdm bar (with ETA); "log": one plain line with an ETA on stderr per
@@ -125,12 +129,17 @@ class Progress:
         total: the step the run trains to.
         initial: the step it starts from.
         desc: the bar's label.
+        fields: (label, metric key) pairs of the logged metrics to show, in order; a key absent from
+            a step's metrics is left out. The default shows the outer loop's meta-loss, inner steps/s
+            and dropped estimates.
     """
 
-    def __init__(self, mode: str, total: int, initial: int = 0, desc: str = "outer"):
+    def __init__(self, mode: str, total: int, initial: int = 0, desc: str = "outer",
+                 fields: Sequence[tuple[str, str]] = OUTER_PROGRESS_FIELDS):
         if mode not in ("bar", "log", "none"):
             raise ValueError(f"progress mode must be 'bar', 'log' or 'none', got {mode!r}")
         self.mode, self.total, self.n = mode, total, initial
+        self.fields = tuple((str(label), str(key)) for label, key in fields)
         self._t0, self._n0 = time.perf_counter(), initial
         self._bar = None
         if mode == "bar":
@@ -138,26 +147,24 @@ class Progress:
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
 
     def update(self, n: int = 1, metrics: Optional[dict] = None) -> None:
-        """Advances by `n` steps; with `metrics` (a logged step), shows them.
+        """Advances by `n` steps; with `metrics` (a logged step), shows its `fields`.
 
         Args:
             n: steps taken since the last update.
-            metrics: the logged metrics ("meta_loss", "inner_steps_per_s", "num_dropped_total" are shown), or None.
+            metrics: the logged metrics, or None.
         """
         self.n += n
+        shown = {label: _fmt(float(metrics[key])) for label, key in self.fields if key in metrics} if metrics else {}
         if self._bar is not None:
-            if metrics:
-                self._bar.set_postfix(meta_loss=_fmt(metrics.get("meta_loss", float("nan"))),
-                                      inner_steps_s=_fmt(metrics.get("inner_steps_per_s", float("nan"))),
-                                      dropped=int(metrics.get("num_dropped_total", 0)), refresh=False)
+            if shown:
+                self._bar.set_postfix(shown, refresh=False)
             self._bar.update(n)
         elif self.mode == "log" and metrics:
             done = self.n - self._n0
             rate = done / max(time.perf_counter() - self._t0, 1e-9)
             eta = (self.total - self.n) / rate if rate > 0 else float("inf")
-            print(f"step {self.n}/{self.total} meta_loss={_fmt(metrics.get('meta_loss', float('nan')))} "
-                  f"inner_steps/s={_fmt(metrics.get('inner_steps_per_s', float('nan')))} "
-                  f"dropped={int(metrics.get('num_dropped_total', 0))} eta={eta:.0f}s", file=sys.stderr, flush=True)
+            print(f"step {self.n}/{self.total} " + " ".join(f"{k}={v}" for k, v in shown.items()) + f" eta={eta:.0f}s",
+                  file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """Closes the tqdm bar (if any)."""

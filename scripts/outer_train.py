@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 from typing import Any, Callable, Optional, Sequence, Union
 
 import gin
@@ -28,7 +27,8 @@ import optax
 import outer_trainers as ot
 from lopt.base import LearnedOptimizer
 from lopt.file_io import atomic_write_bytes
-from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
+# importing gin_registry registers the public API with gin
+from outer_trainers.gin_registry import gin_bindings, load_config
 from outer_trainers.run_checkpoints import RUN_RESULTS, RunCheckpoints, run_metadata
 from outer_trainers.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
@@ -40,29 +40,6 @@ RESUME_SAFE = ("train.num_steps", "train.progress", "train.log_every", "train.te
                "train.permanent_", "train.best_")
 CONFIG_FILE, COMPARISON_FILE = "config.gin", "comparison.md"
 SCRIPT_RESULTS = RUN_RESULTS + (CONFIG_FILE, COMPARISON_FILE)  # what a run of this script leaves in output_dir
-
-
-def gin_bindings(config_str: str, ignore: Sequence[str] = RESUME_SAFE) -> list[str]:
-    """The bindings of a gin config string, as the checkpoint's config records them for resume checks.
-
-    Args:
-      config_str: gin config text (e.g. `gin.config_str()`).
-      ignore: binding-name prefixes to drop (default: `RESUME_SAFE`).
-
-    Returns:
-      one string per binding (continuation lines joined; comments and blank lines dropped), without
-      the bindings whose name starts with a prefix in `ignore`.
-    """
-    out = []
-    for line in config_str.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if re.match(r"^[A-Za-z_@][\w./@-]*\s*=", line) or not out or line.startswith(("import ", "from ")):
-            out.append(stripped)
-        else:
-            out[-1] += " " + stripped
-    return [b for b in out if not b.split("=")[0].strip().startswith(tuple(ignore))]
 
 
 @gin.configurable
@@ -207,7 +184,8 @@ def main(argv: Optional[Sequence[str]] = None) -> ot.OuterTrainState:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config_str = gin.config_str()
     options = {"overwrite": True} if args.overwrite else {}  # else train.overwrite's binding (default False)
-    return train(args.output_dir, config={"gin_bindings": gin_bindings(config_str)}, config_text=config_str, **options)
+    config = {"gin_bindings": gin_bindings(config_str, ignore=RESUME_SAFE)}
+    return train(args.output_dir, config=config, config_text=config_str, **options)
 
 
 if __name__ == "__main__":

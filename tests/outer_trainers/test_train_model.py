@@ -1,9 +1,9 @@
-"""train_model: any optax transform on a Task or a model; EMA; checkpoint/resume; data parallel."""
+"""train_model: any optax transform on a Task or a model; EMA; checkpoint/resume (its original signature); data
+parallel on 4 simulated devices."""
 import os
-import subprocess
-import sys
 
 import chex
+import haiku as hk
 import jax
 import numpy as np
 import optax
@@ -12,6 +12,8 @@ import pytest
 import lopt
 import outer_trainers as ot
 import tasks
+from outer_trainers.train_eval import Evaluation
+from outer_trainers.train_model import data_parallel_sharding
 
 TASK = tasks.QuadraticFamily(dim=4).task_fn(tasks.QuadraticFamily(dim=4).sample(jax.random.key(0)))
 
@@ -42,26 +44,25 @@ def test_a_model_without_a_task_needs_loss_and_data():
         ot.train_model(lambda x: x, optax.adam(0.1), 1)
 
 
-DP_SCRIPT = r"""
-import jax, numpy as np, optax, haiku as hk
-import outer_trainers as ot, tasks
-from tasks.base import softmax_cross_entropy
-assert len(jax.local_devices()) == 4
-data = tasks.get_dataset("digits", 32)
-model = lambda x: hk.Linear(10)(hk.Flatten()(x.astype(np.float32)))
-loss = lambda logits, batch: softmax_cross_entropy(logits, batch["label"])
-sharding = ot.train_model.__globals__["data_parallel_sharding"](data)
-assert sharding is not None and sharding.mesh.size == 4
-dp = ot.train_model(model, optax.adam(1e-2), 20, loss_fn=loss, data=data, seed=0)
-one = ot.train_model(model, optax.adam(1e-2), 20, loss_fn=loss, data=data, seed=0, devices=jax.local_devices()[:1])
-np.testing.assert_allclose(dp.losses, one.losses, rtol=1e-4, atol=1e-5)
-assert dp.losses[-1] < dp.losses[0]
-print("OK")
-"""
-
-
-@pytest.mark.slow
-def test_data_parallel_over_four_cpu_devices_matches_one_device():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    r = subprocess.run([sys.executable, "-c", DP_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]
+@pytest.mark.multidevice
+def test_data_parallel_over_four_devices_matches_one_device():
+    """Run as: XLA_FLAGS=--xla_force_host_platform_device_count=4 pytest -m multidevice."""
+    if jax.device_count() < 4:
+        pytest.fail("needs 4 devices: run with XLA_FLAGS=--xla_force_host_platform_device_count=4 -m multidevice")
+    data = tasks.get_dataset("digits", 32)
+    model = lambda x: hk.Linear(10)(hk.Flatten()(x.astype(np.float32) / 16.0))
+    loss = lambda logits, batch: tasks.softmax_cross_entropy(logits, batch["label"])
+    sharding = data_parallel_sharding(data)
+    assert sharding is not None and sharding.mesh.size == 4
+    other = Evaluation("outer_valid", "ov", data=tasks.get_dataset("digits", 16), num_batches=2)
+    kw = dict(loss_fn=loss, data=data, seed=0, ema_decay=0.9, evals=["test", other], eval_every=5, chunk_size=4)
+    dp = ot.train_model(model, optax.adam(1e-2), 10, **kw)
+    one = ot.train_model(model, optax.adam(1e-2), 10, devices=jax.local_devices()[:1], **kw)
+    assert len(jax.tree_util.tree_leaves(dp.state.params)[0].sharding.device_set) == 4
+    assert len(jax.tree_util.tree_leaves(one.state.params)[0].sharding.device_set) == 1
+    np.testing.assert_allclose(dp.losses, one.losses, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(dp.state.ema_params, one.state.ema_params, rtol=1e-5, atol=1e-6)
+    assert set(dp.evals) == set(one.evals) and "eval/ov/accuracy" in dp.evals
+    for name in dp.evals:
+        np.testing.assert_allclose(dp.evals[name], one.evals[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert dp.losses[-1] < dp.losses[0]

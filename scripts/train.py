@@ -1,0 +1,149 @@
+#!/usr/bin/env python
+r"""Train one model with a meta-trained learned optimizer or an optax baseline, from gin configs.
+
+    python scripts/train.py --gin_file scripts/configs/train_digits_adam.gin --output_dir /tmp/adam \
+        [--gin_param 'fit.num_steps = 500' ...]
+    python scripts/train.py --gin_file scripts/configs/train_digits_mlplopt.gin --output_dir /tmp/lopt \
+        --gin_param 'learned_optimizer.theta_path = "/tmp/run/theta_final.msgpack"'
+
+The loop is `outer_trainers.train_loop` (the one behind `train_model`): evaluation every
+`fit.eval_every` steps on `fit.eval_splits`, EMA, rolling/permanent/best checkpoints written in the
+background, progress bar or log lines. Writes to --output_dir: metrics.jsonl, tb/ (TensorBoard),
+checkpoints/, config.gin (the operative config) and result.json (the mean train loss over the last
+10% of steps and the final evaluation metrics). Re-running the same command resumes from the
+newest checkpoint; changing a binding other than logging and checkpoint options (RESUME_SAFE)
+makes the resume fail with the differing bindings named. A new run refuses to start over another
+run's results unless `fit.overwrite = True`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from typing import Optional, Sequence, Union
+
+import gin
+import jax
+import numpy as np
+import optax
+
+import lopt
+from lopt.file_io import atomic_write_bytes
+from outer_trainers.checkpoints import CheckpointPolicy
+# importing gin_registry registers the public API with gin
+from outer_trainers.gin_registry import gin_bindings, load_config
+from outer_trainers.train_loop import TrainResult, run_to_end, train_loop
+from tasks.base import Task
+
+# Bindings that may change between a run and its resumption (logging, checkpointing): every other
+# binding must match the checkpoint's.
+RESUME_SAFE = ("fit.progress", "fit.log_every", "fit.tensorboard", "fit.resume", "fit.overwrite", "fit.checkpoint",
+               "fit.keep_", "fit.permanent_", "fit.best_", "fit.chunk_size")
+
+
+@gin.configurable
+def learned_optimizer(learned_opt: lopt.LearnedOptimizer = gin.REQUIRED, theta_path: Optional[str] = None,
+                      init_seed: int = 0, num_steps: Optional[int] = None) -> optax.GradientTransformationExtraArgs:
+    """A learned optimizer as an optax transform: `fit.optimizer = @learned_optimizer()`.
+
+    Args:
+      learned_opt: the architecture (e.g. `@MLPLOpt()`), configured as when it was meta-trained.
+      theta_path: a theta file (`theta_final.msgpack` of scripts/outer_train.py, checked against
+        `learned_opt`), or None for a fresh `learned_opt.init` (an untrained optimizer, for smoke tests).
+      init_seed: the seed of the fresh init.
+      num_steps: the training horizon the optimizer is told (None: not told).
+
+    Returns:
+      `learned_opt.opt_fn(theta, num_steps=num_steps)`.
+    """
+    if theta_path is not None:
+        theta = lopt.load_theta(theta_path, learned_opt)
+    else:
+        theta = learned_opt.init(jax.random.key(init_seed))
+    return learned_opt.opt_fn(theta, num_steps=num_steps)
+
+
+@gin.configurable
+def fit(output_dir: str, *, task: Task = gin.REQUIRED, optimizer: optax.GradientTransformation = gin.REQUIRED,
+        num_steps: int = 1000, seed: int = 0, ema_decay: Optional[float] = None, ema_warmup_steps: int = 0,
+        eval_splits: Sequence[str] = ("test",), eval_batches: int = 8, eval_every: Optional[int] = None,
+        eval_at: Sequence[int] = (), log_every: int = 100, progress: Union[bool, str] = True,
+        tensorboard: bool = True, resume: bool = True, overwrite: bool = False,
+        checkpoint_every_steps: Optional[int] = None, checkpoint_every_seconds: Optional[float] = 600.0,
+        keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (), permanent_checkpoint_every: Optional[int] = None,
+        best_metric: Optional[str] = None, best_mode: str = "min", keep_best: int = 1, chunk_size: int = 100,
+        config: Optional[dict] = None) -> TrainResult:
+    """Trains `task` with `optimizer` for `num_steps` steps in `output_dir` and writes result.json.
+
+    Args:
+      output_dir: where metrics, TensorBoard summaries, checkpoints and result.json go.
+      task: the model to train (e.g. `@ImageMLPTask()`).
+      optimizer: an optax transform (`@optax.adam()`, or `@learned_optimizer()`).
+      num_steps: training steps.
+      seed: the run's PRNG seed.
+      ema_decay: keep an EMA of the params with this decay, evaluated beside them (None: no EMA).
+      ema_warmup_steps: steps over which the EMA decay ramps in.
+      eval_splits: the data splits evaluated (loss, and accuracy for classifiers).
+      eval_batches: batches each evaluation averages over.
+      eval_every: steps between evaluations (None: only at `eval_at` and the end).
+      eval_at: further steps to evaluate at.
+      log_every: steps between metrics lines.
+      progress: True or "bar" (tqdm), "log" (plain lines, for log files), False or "none".
+      tensorboard: also write TensorBoard summaries.
+      resume: continue from the newest checkpoint in `output_dir` (a new run refuses to replace another's results).
+      overwrite: start a new run, deleting a previous run's metrics, TensorBoard files and checkpoints first.
+      checkpoint_every_steps: steps between rolling checkpoints (None: not by steps).
+      checkpoint_every_seconds: seconds between rolling checkpoints (None: not by time).
+      keep_checkpoints: rolling checkpoints kept.
+      checkpoints_at: steps that get a permanent checkpoint.
+      permanent_checkpoint_every: a permanent checkpoint every this many steps (None: none).
+      best_metric: a logged metric (e.g. "eval/test/loss") that picks "best" checkpoints (None: none).
+      best_mode: "min" or "max": which `best_metric` value is best.
+      keep_best: best checkpoints kept.
+      chunk_size: the most steps per jitted chunk.
+      config: the run's config, stored with checkpoints; a resume refuses a different one.
+
+    Returns:
+      the TrainResult.
+    """
+    policy = CheckpointPolicy(every_steps=checkpoint_every_steps, every_seconds=checkpoint_every_seconds,
+                              keep=keep_checkpoints, checkpoints_at=tuple(checkpoints_at),
+                              permanent_every=permanent_checkpoint_every, best_metric=best_metric,
+                              best_mode=best_mode, keep_best=keep_best)
+    result = run_to_end(train_loop(
+        task, optimizer, num_steps, seed=seed, ema_decay=ema_decay, ema_warmup_steps=ema_warmup_steps,
+        evals=list(eval_splits), eval_batches=eval_batches, eval_every=eval_every, eval_at=tuple(eval_at),
+        output_dir=output_dir, checkpoint_policy=policy, resume=resume, overwrite=overwrite, log_every=log_every,
+        progress=progress, tensorboard=tensorboard, chunk_size=chunk_size, config=config))
+    final_train_loss = float(np.mean(result.losses[-max(1, num_steps // 10):])) if num_steps else None
+    summary = {"task": task.name, "num_steps": num_steps, "final_train_loss": final_train_loss,
+               **{name: float(values[-1]) for name, values in result.evals.items()}}
+    atomic_write_bytes(os.path.join(output_dir, "result.json"), json.dumps(summary, indent=1).encode("utf-8"))
+    print(json.dumps(summary, indent=1))
+    return result
+
+
+def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
+    """Parses the command line (`argv`, default `sys.argv[1:]`; see `--help`) and its gin config, saves the
+    operative config to `output_dir`/config.gin and runs `fit`.
+
+    Returns:
+      `fit`'s TrainResult.
+    """
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, kwargs in (("--gin_file", dict(action="append", default=[], help="gin config file (repeatable)")),
+                         ("--gin_param", dict(action="append", default=[], help="a binding: 'fit.num_steps = 10'")),
+                         ("--output_dir", dict(required=True, help="where metrics, checkpoints and results go"))):
+        parser.add_argument(flag, **kwargs)
+    args = parser.parse_args(argv)
+    load_config(args.gin_file, args.gin_param)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.makedirs(args.output_dir, exist_ok=True)
+    config_str = gin.config_str()
+    atomic_write_bytes(os.path.join(args.output_dir, "config.gin"), config_str.encode("utf-8"))
+    return fit(args.output_dir, config={"gin_bindings": gin_bindings(config_str, ignore=RESUME_SAFE)})
+
+
+if __name__ == "__main__":
+    main()
