@@ -88,7 +88,7 @@ class LearnedOptimizer:
             _THETA_SPECS[key] = jax.eval_shape(lambda: self.init(jax.random.key(0)))
         return _THETA_SPECS[key]
 
-    def check_theta(self, theta: Theta, where: str = "opt_fn") -> None:
+    def check_theta(self, theta: Theta, where: str = "opt_fn", *, check_dtypes: bool = False) -> None:
         """A clear error unless theta has this optimizer's tree structure and leaf shapes.
 
         Only shapes are compared, so it is free inside jit / vmap / grad (theta may be traced;
@@ -97,11 +97,13 @@ class LearnedOptimizer:
         Args:
           theta: the meta-parameters to check.
           where: the caller, for the message (e.g. "MLPLOpt.opt_fn", "load_theta(PATH)").
+          check_dtypes: also require `init`'s leaf dtypes (e.g. for a theta the outer optimizer will
+            update; `opt_fn` leaves dtypes to the caller).
 
         Raises:
-          ValueError naming the first leaf that is missing, unexpected or of another shape.
+          ValueError: naming the first leaf that is missing, unexpected or of another shape.
         """
-        mismatch = tree_mismatch(theta, self.theta_spec(), f"{self!r}'s theta")
+        mismatch = tree_mismatch(theta, self.theta_spec(), f"{self!r}'s theta", check_dtypes=check_dtypes)
         if mismatch is not None:
             raise ValueError(f"{where}: theta does not match the structure of {self!r}: {mismatch}. Was this "
                              f"theta saved from another architecture or config? lopt.load_learned_optimizer(path) "

@@ -81,7 +81,8 @@ def leaf_path(path: tuple) -> str:
     return jax.tree_util.keystr(path) or "(the root)"
 
 
-def tree_mismatch(got: Any, want: Any, want_name: str = "the expected tree") -> Optional[str]:
+def tree_mismatch(got: Any, want: Any, want_name: str = "the expected tree", *,
+                  check_dtypes: bool = False) -> Optional[str]:
     """The first difference between two pytrees' structures or leaf shapes, or None if they match.
 
     Shapes are static, so this is free inside jit / vmap / grad (it runs once, at trace time).
@@ -90,11 +91,13 @@ def tree_mismatch(got: Any, want: Any, want_name: str = "the expected tree") -> 
       got: the pytree given (leaves: arrays, tracers, Python scalars or `jax.ShapeDtypeStruct`s).
       want: the pytree it must match.
       want_name: what `want` is, for the description (e.g. "the params").
+      check_dtypes: also compare leaf dtypes (as jax sees them: a float64 numpy leaf is float32
+        unless x64 is enabled); a leaf that is not an array or number then counts as a mismatch.
 
     Returns:
       None, or a description: "missing leaf PATH", "unexpected leaf PATH" (with how many more),
-      "leaf PATH has shape S, but S' in WANT_NAME", or the two tree structures when only their
-      containers differ (e.g. a dict where a FrozenDict is expected).
+      "leaf PATH has shape S, but S' in WANT_NAME" (or "dtype D, but D'"), or the two tree
+      structures when only their containers differ (e.g. a dict where a FrozenDict is expected).
     """
     got_leaves, got_def = jax.tree_util.tree_flatten_with_path(got)
     want_leaves, want_def = jax.tree_util.tree_flatten_with_path(want)
@@ -111,6 +114,13 @@ def tree_mismatch(got: Any, want: Any, want_name: str = "the expected tree") -> 
     for (path, g), (_, w) in zip(got_leaves, want_leaves):
         if tuple(jnp.shape(g)) != tuple(jnp.shape(w)):
             return f"leaf {leaf_path(path)} has shape {tuple(jnp.shape(g))}, but {tuple(jnp.shape(w))} in {want_name}"
+        if check_dtypes:
+            try:
+                dtype = jnp.result_type(g)
+            except TypeError:
+                return f"leaf {leaf_path(path)} is a {type(g).__name__}, not an array"
+            if dtype != jnp.result_type(w):
+                return f"leaf {leaf_path(path)} has dtype {dtype}, but {jnp.result_type(w)} in {want_name}"
     return None
 
 
@@ -123,7 +133,7 @@ def check_grads_match_params(updates: Any, params: Any, name: str) -> None:
       name: the optimizer's name, for the message.
 
     Raises:
-      ValueError naming the first leaf path that differs (at trace time: no cost per step).
+      ValueError: naming the first leaf path that differs (at trace time: no cost per step).
     """
     mismatch = tree_mismatch(updates, params, "the params")
     if mismatch is not None:

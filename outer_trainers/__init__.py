@@ -8,17 +8,18 @@ from outer_trainers.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
 from outer_trainers.outer_train import (OuterTrainState, init_outer_state, outer_step, outer_train,
                                         resample_estimators)
-from outer_trainers.reporting import Reporter, RunTotals
-from outer_trainers.run_checkpoints import RunCheckpoints
+from outer_trainers.reporting import MetaTrainingDiverged, Reporter, RunTotals
+from outer_trainers.run_checkpoints import ExistingRunError, RunCheckpoints
 from outer_trainers.truncated_step import StepOut, TruncatedStep
 from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
                                                 NeverEndingTruncationSchedule, TruncationSchedule,
                                                 TruncationState)
-from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy
+from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy, UnreadableCheckpointsError
 from outer_trainers.meta_eval import MetaEvaluator
 from outer_trainers.train_eval import Evaluation, Evaluator
-from outer_trainers.train_loop import run_to_end, train_loop
-from outer_trainers.train_model import TrainResult, TrainState, train_model
+from outer_trainers.train_loop import TrainResult, run_to_end, train_loop
+from outer_trainers.train_model import train_model
+from outer_trainers.train_state import TrainState
 
 __all__ = [
     "EstimatorSchedule",
@@ -27,7 +28,8 @@ __all__ = [
     "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES",
     "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",
-    "Reporter", "RunTotals", "RunCheckpoints",
+    "Reporter", "RunTotals", "RunCheckpoints", "MetaTrainingDiverged",
+    "ExistingRunError", "UnreadableCheckpointsError",
     "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",

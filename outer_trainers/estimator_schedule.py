@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from outer_trainers.estimators.gradient_estimator import GradientEstimator
+from outer_trainers.estimators.validation import check_int
 
 
 class EstimatorSchedule:
@@ -34,9 +35,7 @@ class EstimatorSchedule:
     """
 
     def __init__(self, every: int, make: Callable[[int], Sequence[GradientEstimator]]):
-        if every < 1:
-            raise ValueError(f"EstimatorSchedule every must be >= 1, got {every}")
-        self.every = int(every)
+        self.every = check_int("EstimatorSchedule every", every, minimum=1)
         self.make = make
         self._cache: dict[int, list] = {}
 

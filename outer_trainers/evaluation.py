@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from outer_trainers.train_model import eval_loss, init_train_state, train_step
+from outer_trainers.train_state import eval_loss, init_train_state, train_step
 from tasks.base import TaskFamily, check_count
 
 MakeTx = Callable[[Any], optax.GradientTransformation]

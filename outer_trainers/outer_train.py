@@ -3,16 +3,18 @@
     restore or init ─► for each outer step: (re)sample estimators if scheduled ─► outer_step ─► report ─► checkpoint
 
 Each outer step asks every estimator for an estimate at the current theta and lets the learner
-combine them and update theta (dropping non-finite estimates); the Reporter
-(outer_trainers.reporting) logs it and RunCheckpoints (outer_trainers.run_checkpoints) saves
-what the policy asks for. With `output_dir`:
+combine them and update theta (dropping non-finite estimates and those without a valid inner
+step); the Reporter (outer_trainers.reporting) logs it and RunCheckpoints
+(outer_trainers.run_checkpoints) saves what the policy asks for. After `max_consecutive_dropped`
+steps in a row that applied nothing, the run stops with `reporting.MetaTrainingDiverged`.
+With `output_dir`:
 
     metrics.jsonl        one JSON object per logged step (the same scalars as TensorBoard)
     tb/                  TensorBoard event files (tensorboardX)
     checkpoints/         full OuterTrainState checkpoints (see outer_trainers.checkpoints)
     theta_final.msgpack  the final theta (load it with `lopt.load_theta`)
 
-Re-running with the same `output_dir` resumes from the latest complete checkpoint and trains
+Re-running with the same `output_dir` resumes from the newest readable checkpoint and trains
 until `num_steps` outer steps in total; the result is bit-identical to an uninterrupted run.
 Passing `state=` instead continues that state for `num_steps` more steps.
 """
@@ -31,9 +33,10 @@ from lopt.serialization import save_theta
 from outer_trainers.checkpoints import CheckpointPolicy
 from outer_trainers.estimator_schedule import EstimatorSchedule
 from outer_trainers.estimators.gradient_estimator import GradientEstimator
+from outer_trainers.estimators.validation import check_int, check_optional_int, check_weights
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
-from outer_trainers.reporting import Reporter, RunTotals, estimator_labels
-from outer_trainers.run_checkpoints import RunCheckpoints, run_metadata
+from outer_trainers.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED, Reporter, RunTotals, estimator_labels
+from outer_trainers.run_checkpoints import THETA_FINAL, RunCheckpoints, run_metadata
 
 
 @struct.dataclass
@@ -127,11 +130,14 @@ def resample_estimators(schedule: EstimatorSchedule, state: OuterTrainState,
 
 
 def _check_arguments(num_steps: int, log_every: int, policy: Optional[CheckpointPolicy],
-                     meta_evaluator: Optional[Callable], eval_every: int) -> None:
-    if num_steps < 0:
-        raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-    if log_every < 1:
-        raise ValueError(f"log_every must be >= 1, got {log_every}")
+                     meta_evaluator: Optional[Callable], eval_every: int, weights: Optional[Sequence[float]],
+                     num_estimators: Optional[int], max_consecutive_dropped: Optional[int]) -> None:
+    """Refuses bad arguments before anything is restored, written or run."""
+    check_int("num_steps", num_steps, minimum=0)
+    check_int("log_every", log_every, minimum=1)
+    check_int("eval_every", eval_every, minimum=0)
+    check_optional_int("max_consecutive_dropped", max_consecutive_dropped, minimum=1)
+    check_weights(weights, num_estimators)  # an EstimatorSchedule's count (None) is checked at each update
     if policy is not None and policy.best_metric and not (meta_evaluator and eval_every):
         warnings.warn(f"best_metric={policy.best_metric!r} needs meta_evaluator and eval_every > 0; "
                       f"no best checkpoints will be written")
@@ -139,11 +145,11 @@ def _check_arguments(num_steps: int, log_every: int, policy: Optional[Checkpoint
 
 def _restore_or_init(run: RunCheckpoints, learner: GradientLearner,
                      estimators_of_state: Callable[[int], Sequence[GradientEstimator]], seed: int,
-                     resume: bool) -> tuple[OuterTrainState, RunTotals]:
+                     resume: bool, overwrite: bool) -> tuple[OuterTrainState, RunTotals]:
     """The newest checkpoint's state (built for the estimators that wrote it), or a new run's state."""
     key = jax.random.key(seed)
     init_at = lambda steps: functools.partial(init_outer_state, learner, estimators_of_state(steps))
-    return run.restore_or_init(init_at(0), key, resume=resume,
+    return run.restore_or_init(init_at(0), key, resume=resume, overwrite=overwrite,
                                structure_at=lambda steps: jax.eval_shape(init_at(steps), key))
 
 
@@ -152,9 +158,10 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
                 output_dir: Optional[str] = None, seed: int = 0, weights: Optional[Sequence[float]] = None,
                 state: Optional[OuterTrainState] = None, progress: Union[bool, str] = True, log_every: int = 1,
                 callback: Optional[Callable[[int, OuterTrainState, dict], None]] = None,
-                checkpoint_policy: Optional[CheckpointPolicy] = None, resume: bool = True,
+                checkpoint_policy: Optional[CheckpointPolicy] = None, resume: bool = True, overwrite: bool = False,
                 meta_evaluator: Optional[Callable[[Any], dict]] = None, eval_every: int = 0,
-                tensorboard: bool = True, config: Optional[dict] = None) -> OuterTrainState:
+                tensorboard: bool = True, config: Optional[dict] = None,
+                max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED) -> OuterTrainState:
     """Meta-trains theta and returns the final OuterTrainState (`.theta`).
 
     Args:
@@ -171,22 +178,36 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         callback: `callback(step, state, metrics)` after each logged step, after that step's checkpoints
             are written (metrics as Python numbers).
         checkpoint_policy: when to checkpoint (default `CheckpointPolicy()`); needs `output_dir`.
-        resume: with `output_dir`, continue from its newest checkpoint (which must match this run).
+        resume: with `output_dir`, continue from its newest readable checkpoint (which must match this run);
+            when every checkpoint there is unreadable the run refuses to start, naming the files.
+        overwrite: with `output_dir`, start a new run even where it holds a previous run's results, deleting
+            them (metrics.jsonl, tb/, checkpoints/, theta_final.msgpack) first; otherwise a new run there is
+            refused.
         meta_evaluator: `meta_evaluator(theta) -> {name: float}` (e.g. a MetaEvaluator); its metrics join
             the step's log and feed "best" checkpoints (`checkpoint_policy.best_metric`).
         eval_every: run `meta_evaluator` every this many steps (0: never).
         tensorboard: also write TensorBoard event files.
         config: JSON-able run configuration stored in checkpoints; it must match on resume.
+        max_consecutive_dropped: stop with MetaTrainingDiverged after this many outer steps in a row in which
+            every estimate was dropped (non-finite, or without a valid inner step) and so nothing was applied;
+            the count survives a resume. None: never stop.
 
     Returns:
         The OuterTrainState after the last step.
+
+    Raises:
+        MetaTrainingDiverged: `max_consecutive_dropped` steps in a row applied nothing (raised after that
+            step is logged; checkpoints written before it stay, theta_final.msgpack is not written).
+        ValueError, TypeError: a bad argument (before anything is restored, written or run).
     """
-    _check_arguments(num_steps, log_every, checkpoint_policy, meta_evaluator, eval_every)
-    if isinstance(estimators, EstimatorSchedule):
+    fixed = None if isinstance(estimators, EstimatorSchedule) else list(estimators)
+    _check_arguments(num_steps, log_every, checkpoint_policy, meta_evaluator, eval_every, weights,
+                     None if fixed is None else len(fixed), max_consecutive_dropped)
+    if fixed is None:
         schedule, estimators_of_state = estimators, estimators.estimators_of_state
         meta = run_metadata(learner, [repr(schedule)], config)
     else:
-        schedule, fixed = None, list(estimators)
+        schedule = None
         if not fixed:
             raise ValueError("outer_train needs at least one GradientEstimator")
         estimators_of_state = lambda steps: fixed
@@ -195,7 +216,7 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
 
     if state is None:
         target = num_steps
-        state, totals = _restore_or_init(run, learner, estimators_of_state, seed, resume)
+        state, totals = _restore_or_init(run, learner, estimators_of_state, seed, resume, overwrite)
         if state.step > target:
             warnings.warn(f"the checkpoint in {output_dir} is at step {state.step}, past num_steps={target}")
     else:
@@ -204,7 +225,7 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
     estimators = estimators_of_state(start)
     with Reporter(output_dir, start=start, target=target, progress=progress, log_every=log_every,
                   tensorboard=tensorboard, meta_evaluator=meta_evaluator, eval_every=eval_every,
-                  totals=totals) as reporter:
+                  totals=totals, max_consecutive_dropped=max_consecutive_dropped) as reporter:
         for i in range(start, target):
             if schedule is not None and schedule.resamples_at(i):
                 estimators, state = resample_estimators(schedule, state, i)
@@ -216,5 +237,5 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
             if logged is not None and callback is not None:
                 callback(i + 1, state, logged)
     if output_dir is not None:
-        save_theta(os.path.join(output_dir, "theta_final.msgpack"), learner.learned_opt, state.theta)
+        save_theta(os.path.join(output_dir, THETA_FINAL), learner.learned_opt, state.theta)
     return state

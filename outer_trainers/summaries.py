@@ -117,7 +117,7 @@ def _fmt(x: float) -> str:
 
 
 OUTER_PROGRESS_FIELDS = (("meta_loss", "meta_loss"), ("inner_steps/s", "inner_steps_per_s"),
-                         ("dropped", "num_dropped_total"))
+                         ("nonfinite", "nonfinite_frac"), ("dropped", "num_dropped_total"))
 
 
 class Progress:
@@ -130,8 +130,8 @@ class Progress:
         initial: the step it starts from.
         desc: the bar's label.
         fields: (label, metric key) pairs of the logged metrics to show, in order; a key absent from
-            a step's metrics is left out. The default shows the outer loop's meta-loss, inner steps/s
-            and dropped estimates.
+            a step's metrics is left out. The default shows the outer loop's meta-loss, inner steps/s,
+            the fraction of non-finite inner steps and the dropped estimates so far.
     """
 
     def __init__(self, mode: str, total: int, initial: int = 0, desc: str = "outer",

@@ -23,8 +23,6 @@ import optax
 
 from outer_trainers.checkpoints import CheckpointPolicy
 from outer_trainers.train_loop import TrainResult, run_to_end, train_loop
-from outer_trainers.train_state import (BATCH_AXIS, TrainState, apply_tx, as_task, data_parallel_sharding,  # noqa: F401
-                                        ema_decay_at, eval_loss, init_train_state, train_step)
 
 
 def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num_steps: int, *,

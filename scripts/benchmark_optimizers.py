@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import statistics
 import time
 from typing import Callable, Optional, Sequence

@@ -29,14 +29,15 @@ from lopt.base import LearnedOptimizer
 from lopt.file_io import atomic_write_bytes
 # importing gin_registry registers the public API with gin
 from outer_trainers.gin_registry import gin_bindings, load_config
+from outer_trainers.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED
 from outer_trainers.run_checkpoints import RUN_RESULTS, RunCheckpoints, run_metadata
 from outer_trainers.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
 
 # Bindings that may change between a run and its resumption (length, logging, evaluation, saving):
 # every other binding must match the checkpoint's.
-RESUME_SAFE = ("train.num_steps", "train.progress", "train.log_every", "train.tensorboard", "train.resume",
-               "train.overwrite", "train.eval_", "train.meta_eval_", "train.checkpoint", "train.keep_",
+RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.progress", "train.log_every",
+               "train.tensorboard", "train.resume", "train.overwrite", "train.eval_", "train.meta_eval_", "train.checkpoint", "train.keep_",
                "train.permanent_", "train.best_")
 CONFIG_FILE, COMPARISON_FILE = "config.gin", "comparison.md"
 SCRIPT_RESULTS = RUN_RESULTS + (CONFIG_FILE, COMPARISON_FILE)  # what a run of this script leaves in output_dir
@@ -67,7 +68,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
           num_steps: int = 100, seed: int = 0, meta_loss_split: Optional[str] = None,
           eval_num_tasks: int = 0, eval_num_steps: int = 200, eval_adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2),
           progress: Union[bool, str] = True, log_every: int = 1, tensorboard: bool = True, resume: bool = True,
-          overwrite: bool = False,
+          overwrite: bool = False, max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
           checkpoint_every_steps: Optional[int] = None, checkpoint_every_seconds: Optional[float] = 600.0,
           keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (),
           permanent_checkpoint_every: Optional[int] = None,
@@ -103,6 +104,8 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       resume: continue from the newest readable checkpoint in `output_dir`; False starts a new run (refused
         where `output_dir` holds results, unless `overwrite`).
       overwrite: start a new run, first deleting the results (SCRIPT_RESULTS) of any run in `output_dir`.
+      max_consecutive_dropped: stop with `outer_trainers.MetaTrainingDiverged` after this many outer steps in
+        a row that applied no estimate (every estimate non-finite or without a valid inner step); None: never.
       checkpoint_every_steps: outer steps between checkpoints (None: not by steps).
       checkpoint_every_seconds: seconds between checkpoints (None: not by time).
       keep_checkpoints: how many recent checkpoints to keep.
@@ -148,7 +151,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     state = ot.outer_train(learner, ests, num_steps, output_dir=output_dir, seed=seed, weights=estimator_weights,
                            progress=progress, log_every=log_every, checkpoint_policy=policy, resume=resume,
                            meta_evaluator=evaluator, eval_every=meta_eval_every, tensorboard=tensorboard,
-                           config=config)
+                           config=config, max_consecutive_dropped=max_consecutive_dropped)
     if eval_num_tasks > 0:
         results = ot.compare_optimizers(
             task_family, lambda th: learned_opt.opt_fn(th, num_steps=eval_num_steps), state.theta,

@@ -9,7 +9,6 @@ import inspect
 import pkgutil
 import re
 
-import pytest
 
 PACKAGES = ("lopt", "outer_trainers", "tasks")
 

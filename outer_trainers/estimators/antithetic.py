@@ -52,6 +52,12 @@ def tree_stack_pm(theta: Any, eps: Any) -> Any:
     return jax.tree_util.tree_map(lambda t, e: jnp.concatenate([t + e, t - e], axis=0), theta, eps)
 
 
+def pair_valid(mask: jax.Array) -> jax.Array:
+    """Whether both halves of each pair count: mask [..., 2N] (+ half first) -> bool [..., N]."""
+    n = mask.shape[-1] // 2
+    return mask[..., :n] & mask[..., n:]
+
+
 def pair_loss_diff(loss: jax.Array, mask: jax.Array) -> jax.Array:
     """Δ = ℓ⁺ − ℓ⁻ of every pair, 0 where either half's loss does not count.
 
@@ -63,8 +69,19 @@ def pair_loss_diff(loss: jax.Array, mask: jax.Array) -> jax.Array:
         float [..., N].
     """
     n = loss.shape[-1] // 2
-    valid = mask[..., :n] & mask[..., n:]
-    return jnp.where(valid, loss[..., :n] - loss[..., n:], 0.0)
+    return jnp.where(pair_valid(mask), loss[..., :n] - loss[..., n:], 0.0)
+
+
+def counted_steps(mask: jax.Array) -> jax.Array:
+    """The particle steps that enter an antithetic estimate: 2 × the pair steps whose halves both count.
+
+    Args:
+        mask: bool [..., 2N], which losses count (+ halves first on the last axis).
+
+    Returns:
+        int32 [], Σ 2 · (m⁺ ∧ m⁻); `mask.size` when every step counts.
+    """
+    return 2 * jnp.sum(pair_valid(mask), dtype=jnp.int32)
 
 
 def pair_is_done(is_done: jax.Array) -> jax.Array:

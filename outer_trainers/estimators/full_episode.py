@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from outer_trainers.estimators.validation import check_int
 from outer_trainers.truncated_step import StepOut, TruncatedStep
 
 LOSS_TYPES = ("avg", "last")
@@ -32,12 +33,11 @@ def episode_unroll_length(truncated_step: TruncatedStep, unroll_length: Optional
         The length, an int >= 1.
 
     Raises:
-        ValueError: `unroll_length` is < 1, or None while the step's episode length is unknown.
+        ValueError: `unroll_length` is < 1 or not a whole number, or None while the step's episode
+            length is unknown.
     """
     if unroll_length is not None:
-        if int(unroll_length) < 1:
-            raise ValueError(f"unroll_length must be >= 1, got {unroll_length}")
-        return int(unroll_length)
+        return check_int("unroll_length", unroll_length, minimum=1)
     length = truncated_step.max_episode_length
     if length is None:
         raise ValueError(f"cannot tell how many steps to unroll {type(truncated_step).__name__} "
@@ -56,6 +56,7 @@ class EpisodeLoss:
         count: float32 [...], the number of counted steps.
         last: float32 [...], the last counted step's loss.
         nonfinite: int32 [...], the steps of the episode whose loss was masked out.
+        steps: int32 [...], the steps of the episode run so far (counted or not).
     """
 
     active: jax.Array
@@ -63,12 +64,13 @@ class EpisodeLoss:
     count: jax.Array
     last: jax.Array
     nonfinite: jax.Array
+    steps: jax.Array
 
     @classmethod
     def zeros(cls, shape: tuple) -> EpisodeLoss:
         """Fresh episodes of particles of batch shape `shape` (() for one)."""
-        zeros = jnp.zeros(shape, jnp.float32)
-        return cls(jnp.ones(shape, bool), zeros, zeros, zeros, jnp.zeros(shape, jnp.int32))
+        zeros, int_zeros = jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32)
+        return cls(jnp.ones(shape, bool), zeros, zeros, zeros, int_zeros, int_zeros)
 
     def add(self, t: jax.Array, unroll_length: int, out: StepOut, counts: jax.Array) -> EpisodeLoss:
         """Adds step t's output (ignored once the episode has ended or t >= unroll_length).
@@ -86,7 +88,7 @@ class EpisodeLoss:
         use = act & counts
         loss = jnp.where(use, out.loss, 0.0)
         return EpisodeLoss(act & ~out.is_done, self.loss_sum + loss, self.count + use,
-                           jnp.where(use, out.loss, self.last), self.nonfinite + (act & ~out.mask))
+                           jnp.where(use, out.loss, self.last), self.nonfinite + (act & ~out.mask), self.steps + act)
 
     def meta_loss(self, loss_type: str) -> jax.Array:
         """L of the module docstring for `loss_type` "avg" or "last", float32 of batch shape."""

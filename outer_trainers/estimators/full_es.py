@@ -30,7 +30,8 @@ from flax import struct
 from outer_trainers import unroll as U
 from outer_trainers.estimators import antithetic as A
 from outer_trainers.estimators.full_episode import LOSS_TYPES, EpisodeLoss, episode_unroll_length
-from outer_trainers.estimators.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.estimators.gradient_estimator import GradientEstimator, counted_estimate
+from outer_trainers.estimators.validation import check_int, check_positive_float
 from outer_trainers.tree_utils import masked_mean, tree_weighted_sum
 from outer_trainers.truncated_step import TruncatedStep
 
@@ -77,20 +78,19 @@ class FullES(GradientEstimator):
                  std: float = 0.01, *, loss_type: str = "avg", clip_loss_diff: Optional[float] = None,
                  sign_delta_loss_scalar: Optional[float] = None, chunk_length: int = 32,
                  compiler_options: Optional[dict] = None):
-        if num_tasks < 1:
-            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
-        if not std > 0:
-            raise ValueError(f"std must be > 0, got {std}")
+        self.num_tasks = check_int("num_tasks", num_tasks, minimum=1)
+        self.std = check_positive_float("std", std)
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
         if clip_loss_diff is not None and not clip_loss_diff > 0:
             raise ValueError(f"clip_loss_diff must be > 0 or None, got {clip_loss_diff}")
-        self.num_tasks, self.std, self.loss_type = int(num_tasks), float(std), loss_type
+        self.loss_type = loss_type
         self.unroll_length = episode_unroll_length(truncated_step, unroll_length)
-        self.chunk_length = max(1, min(int(chunk_length), self.unroll_length))
+        self.chunk_length = min(check_int("chunk_length", chunk_length, minimum=1), self.unroll_length)
         self.clip_loss_diff = clip_loss_diff
-        self.sign_delta_loss_scalar = sign_delta_loss_scalar
-        self.name = f"FullES(n={num_tasks},T={self.unroll_length},{loss_type})"
+        self.sign_delta_loss_scalar = (None if sign_delta_loss_scalar is None else
+                                       check_positive_float("sign_delta_loss_scalar", sign_delta_loss_scalar))
+        self.name = f"FullES(n={self.num_tasks},T={self.unroll_length},{loss_type})"
         super().__init__(truncated_step, compiler_options)
 
     @property
@@ -139,4 +139,4 @@ class FullES(GradientEstimator):
         loss = masked_mean(L, episodes.count > 0)
         metrics = {"nonfinite": jnp.sum(episodes.nonfinite), "resets": jnp.sum(~episodes.active),
                    "episode_steps": jnp.max(episodes.count)}
-        return state, Estimate(grad, loss, metrics)
+        return state, counted_estimate(grad, loss, jnp.sum(episodes.count), jnp.sum(episodes.steps), metrics)

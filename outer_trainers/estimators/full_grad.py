@@ -26,8 +26,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers.estimators.full_episode import LOSS_TYPES, EpisodeLoss, episode_unroll_length
-from outer_trainers.estimators.gradient_estimator import Estimate, GradientEstimator
+from outer_trainers.estimators.gradient_estimator import GradientEstimator, counted_estimate
 from outer_trainers.estimators.truncated_grad import mean_finite_grads, particle_step_fn
+from outer_trainers.estimators.validation import check_int, check_optional_int
 from outer_trainers.tree_utils import masked_mean
 from outer_trainers.truncated_step import TruncatedStep
 
@@ -51,15 +52,14 @@ class FullGrad(GradientEstimator):
 
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, unroll_length: Optional[int] = None, *,
                  loss_type: str = "avg", chunk_length: Optional[int] = None, compiler_options: Optional[dict] = None):
-        if num_tasks < 1:
-            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        self.num_tasks = check_int("num_tasks", num_tasks, minimum=1)
         if loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-        self.num_tasks, self.loss_type = int(num_tasks), loss_type
+        self.loss_type = loss_type
         self.unroll_length = episode_unroll_length(truncated_step, unroll_length)
-        c = math.isqrt(self.unroll_length - 1) + 1 if chunk_length is None else int(chunk_length)
-        self.chunk_length = max(1, min(c, self.unroll_length))
-        self.name = f"FullGrad(n={num_tasks},T={self.unroll_length},{loss_type})"
+        c = check_optional_int("chunk_length", chunk_length, minimum=1)
+        self.chunk_length = min(math.isqrt(self.unroll_length - 1) + 1 if c is None else c, self.unroll_length)
+        self.name = f"FullGrad(n={self.num_tasks},T={self.unroll_length},{loss_type})"
         super().__init__(truncated_step, compiler_options)
 
     @property
@@ -90,11 +90,13 @@ class FullGrad(GradientEstimator):
             carry = (ts.init(th, ikey, outer_state=outer_state, data=data), EpisodeLoss.zeros(()))
             (_, episode), _ = jax.lax.scan(chunk, carry, jnp.arange(-(-T // c)))
             L = episode.meta_loss(self.loss_type)
-            return L, (jax.lax.stop_gradient(L), episode.count, ~episode.active, episode.nonfinite)
+            return L, (jax.lax.stop_gradient(L), episode)
 
-        grads, (losses, count, ended, nonfinite) = jax.vmap(jax.grad(particle_loss, has_aux=True),
-                                                            in_axes=(None, 0, 0))(
+        grads, (losses, episodes) = jax.vmap(jax.grad(particle_loss, has_aux=True), in_axes=(None, 0, 0))(
             theta, init_keys, jax.random.split(k_unroll, n))
-        grad, dropped = mean_finite_grads(grads, losses)
-        metrics = {"nonfinite": jnp.sum(nonfinite), "resets": jnp.sum(ended), "nonfinite_grads": dropped}
-        return state, Estimate(grad, masked_mean(losses, count > 0), metrics)
+        counted = episodes.count > 0  # a particle without a counted step has no meta-loss: it adds nothing
+        grad, dropped, kept = mean_finite_grads(grads, losses, counted)
+        metrics = {"nonfinite": jnp.sum(episodes.nonfinite), "resets": jnp.sum(~episodes.active),
+                   "nonfinite_grads": dropped}
+        num_valid = jnp.sum(jnp.where(kept, episodes.count, 0))  # the steps behind the kept gradients
+        return state, counted_estimate(grad, masked_mean(losses, counted), num_valid, jnp.sum(episodes.steps), metrics)

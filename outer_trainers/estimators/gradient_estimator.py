@@ -1,7 +1,12 @@
 """GradientEstimator: turns unrolls of a TruncatedStep into meta-gradient estimates.
 
     est_state = est.init_state(theta, key)
-    est_state, estimate = est.estimate(theta, est_state, key)     # Estimate(grad, loss, metrics)
+    est_state, estimate = est.estimate(theta, est_state, key)     # Estimate(grad, loss, metrics, ...)
+
+Every estimate says how many of its inner steps counted (`num_valid` of `num_steps`; an inner
+step is left out when its `StepOut.mask` is False, e.g. a non-finite loss): one with no counted
+step carries no information and `GradientLearner` drops it. Estimators build it with
+`counted_estimate`.
 
 Each estimator jits its `init_state` and `estimate` once, at construction: a second call with
 the same shapes reuses the compiled program.
@@ -21,22 +26,57 @@ import jax.numpy as jnp
 from flax import struct
 
 from outer_trainers import unroll as U
+from outer_trainers.estimators.validation import check_int, check_positive_float
 from outer_trainers.truncated_step import TruncatedStep
 
 
 @struct.dataclass
 class Estimate:
-    """One meta-gradient estimate.
+    """One meta-gradient estimate, with how many of the inner steps behind it counted.
+
+    An estimate with `num_valid == 0` rests on no inner step at all (every step was masked out,
+    e.g. non-finite): its gradient is a meaningless 0 and its loss NaN, and `GradientLearner`
+    drops it like a non-finite one. The built-in estimators always fill in both counts.
 
     Attributes:
         grad: the θ-shaped meta-gradient estimate.
-        loss: float32 [], the mean meta-loss of the unroll(s) behind the estimate.
+        loss: float32 [], the mean meta-loss of the unroll(s) behind the estimate (NaN when `num_valid == 0`).
         metrics: dict of scalars, e.g. "nonfinite" (non-finite steps seen) and "resets" (episodes ended).
+        num_valid: int32 [], the inner steps (over all particles) whose meta-loss entered the estimate;
+            for antithetic pairs, both halves of a step where neither half was masked out. None: not
+            reported (only finiteness is checked).
+        num_steps: int32 [], the inner steps that could have entered it (for FullES/FullGrad, the steps of
+            the particles' first episodes), so 1 − num_valid / num_steps is the fraction masked out.
+            None: not reported.
     """
 
     grad: Any
     loss: jax.Array
     metrics: dict = struct.field(default_factory=dict)
+    num_valid: Optional[jax.Array] = None
+    num_steps: Optional[jax.Array] = None
+
+
+def counted_estimate(grad: Any, loss: jax.Array, num_valid: jax.Array, num_steps: Any,
+                     metrics: dict) -> Estimate:
+    """The Estimate of an unroll in which `num_valid` of `num_steps` inner steps counted.
+
+    Its loss is NaN when no step counted (an average over no steps), so nothing downstream
+    mistakes an all-masked unroll for a meta-loss of 0.
+
+    Args:
+        grad: the θ-shaped estimate.
+        loss: float [], the mean meta-loss over the counted steps.
+        num_valid: the number of counted inner steps (any numeric dtype, e.g. a float32 sum).
+        num_steps: the number of inner steps that could have counted (an int or array).
+        metrics: the estimator's metrics.
+
+    Returns:
+        Estimate with int32 [] `num_valid` and `num_steps`.
+    """
+    num_valid = jnp.asarray(num_valid).astype(jnp.int32)
+    loss = jnp.where(num_valid > 0, loss, jnp.nan)
+    return Estimate(grad, loss, metrics, num_valid, jnp.asarray(num_steps).astype(jnp.int32))
 
 
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
@@ -157,13 +197,11 @@ class TruncatedEstimator(GradientEstimator):
 
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, *,
                  random_initial_iteration_offset: int = 0, compiler_options: Optional[dict] = None):
-        if num_tasks < 1 or trunc_length < 1:
-            raise ValueError(f"num_tasks and trunc_length must be >= 1, got {num_tasks}, {trunc_length}")
-        if random_initial_iteration_offset < 0:
-            raise ValueError(f"random_initial_iteration_offset must be >= 0, got {random_initial_iteration_offset}")
-        self.num_tasks, self.trunc_length = int(num_tasks), int(trunc_length)
-        self.random_initial_iteration_offset = int(random_initial_iteration_offset)
-        self.name = f"{type(self).__name__}(n={num_tasks},K={trunc_length})"
+        self.num_tasks = check_int("num_tasks", num_tasks, minimum=1)
+        self.trunc_length = check_int("trunc_length", trunc_length, minimum=1)
+        self.random_initial_iteration_offset = check_int("random_initial_iteration_offset",
+                                                         random_initial_iteration_offset, minimum=0)
+        self.name = f"{type(self).__name__}(n={self.num_tasks},K={self.trunc_length})"
         super().__init__(truncated_step, compiler_options)
 
     @property
@@ -192,9 +230,7 @@ class AntitheticTruncatedEstimator(TruncatedEstimator):
 
     def __init__(self, truncated_step: TruncatedStep, num_tasks: int, trunc_length: int, std: float = 0.01, *,
                  random_initial_iteration_offset: int = 0, compiler_options: Optional[dict] = None):
-        if not std > 0:
-            raise ValueError(f"std must be > 0, got {std}")
-        self.std = float(std)
+        self.std = check_positive_float("std", std)
         super().__init__(truncated_step, num_tasks, trunc_length,
                          random_initial_iteration_offset=random_initial_iteration_offset,
                          compiler_options=compiler_options)

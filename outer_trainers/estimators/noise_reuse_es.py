@@ -20,7 +20,7 @@ from flax import struct
 
 from outer_trainers import unroll as U
 from outer_trainers.estimators import antithetic as A
-from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, Estimate
+from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, counted_estimate
 from outer_trainers.tree_utils import tree_weighted_sum, tree_where
 
 
@@ -75,15 +75,16 @@ class NoiseReuseES(AntitheticTruncatedEstimator):
             done = A.pair_is_done(out.is_done)
             eps, w, g = jax.lax.cond(jnp.any(done), flush, lambda a: a[2:], (done, t, eps, w, g))
             nonfinite = jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0)))
-            stats = (jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask), jnp.sum(done), nonfinite)
+            stats = (jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask), jnp.sum(done), nonfinite,
+                     A.counted_steps(out.mask))
             return (states, eps, w, g), stats
 
         g0 = jax.tree_util.tree_map(jnp.zeros_like, theta)
         carry = (state.inner_state, state.eps, jnp.zeros((n,), jnp.float32), g0)
-        (states, eps, w, g), (loss_sum, count, resets, nonfinite) = jax.lax.scan(
+        (states, eps, w, g), (loss_sum, count, resets, nonfinite, counted) = jax.lax.scan(
             body, carry, (U.step_keys(k_unroll, K, n), jnp.arange(K)))
         c = 1.0 / (2 * std**2 * K * n)
         grad = jax.tree_util.tree_map(lambda a, b: (a + b) * c, g, tree_weighted_sum(w, eps))
         loss = jnp.sum(loss_sum) / jnp.maximum(jnp.sum(count), 1.0)
         metrics = {"nonfinite": jnp.sum(nonfinite), "resets": jnp.sum(resets)}
-        return NRESState(states, eps), Estimate(grad, loss, metrics)
+        return NRESState(states, eps), counted_estimate(grad, loss, jnp.sum(counted), 2 * n * K, metrics)

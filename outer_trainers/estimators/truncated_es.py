@@ -15,7 +15,7 @@ from flax import struct
 
 from outer_trainers import unroll as U
 from outer_trainers.estimators import antithetic as A
-from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, Estimate
+from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, counted_estimate
 from outer_trainers.tree_utils import masked_mean, tree_weighted_sum
 
 
@@ -58,4 +58,6 @@ class TruncatedES(AntitheticTruncatedEstimator):
         grad = tree_weighted_sum(diff / (2 * self.std**2 * K * n), eps)
         pos_state = jax.tree_util.tree_map(lambda x: x[:n], states)
         metrics = {"nonfinite": jnp.sum(out.metrics.get("nonfinite", 0)), "resets": jnp.sum(out.is_done)}
-        return TruncatedESState(pos_state), Estimate(grad, masked_mean(out.loss, out.mask), metrics)
+        estimate = counted_estimate(grad, masked_mean(out.loss, out.mask), A.counted_steps(out.mask), out.mask.size,
+                                    metrics)
+        return TruncatedESState(pos_state), estimate

@@ -7,7 +7,8 @@ start is held fixed (stop_gradient), so per truncation with meta-losses ℓ_it a
 
 Biased toward short horizons (it ignores θ's effect on the carried state). Gradients are
 taken per particle (vmap of grad), so a particle whose gradient is non-finite is dropped from
-the mean and counted in `metrics["nonfinite_grads"]` instead of poisoning the estimate.
+the mean and counted in `metrics["nonfinite_grads"]` instead of poisoning the estimate; its
+steps do not count in `Estimate.num_valid`, so an estimate that kept no particle is dropped too.
 `remat=True` wraps each inner step in `jax.checkpoint` (recompute instead of storing).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from outer_trainers.estimators.gradient_estimator import Estimate, TruncatedEstimator
+from outer_trainers.estimators.gradient_estimator import TruncatedEstimator, counted_estimate
 from outer_trainers.tree_utils import masked_mean, tree_all_finite, tree_weighted_sum
 from outer_trainers.truncated_step import TruncatedStep
 
@@ -50,22 +51,26 @@ def particle_step_fn(ts: TruncatedStep, outer_state, data, remat: bool):
     return jax.checkpoint(step) if remat else step
 
 
-def mean_finite_grads(grads, losses: jax.Array):
+def mean_finite_grads(grads, losses: jax.Array, counted: Optional[jax.Array] = None):
     """The mean over particles of the per-particle gradients whose gradient and loss are finite.
 
     Args:
         grads: θ-shaped gradients with a leading [N] axis.
         losses: float [N], the particles' losses.
+        counted: bool [N], particles that may enter the mean at all (e.g. those with a counted step),
+            or None for all. A particle left out here is not counted as dropped.
 
     Returns:
-        (mean grad, number of dropped particles as int32 []); the mean is 0 if all are dropped.
+        (mean grad, number of particles dropped for a non-finite gradient or loss as int32 [], bool [N]
+        the particles kept in the mean); the mean is 0 if none is kept.
     """
-    ok = jax.vmap(tree_all_finite)(grads) & jnp.isfinite(losses)
+    finite = jax.vmap(tree_all_finite)(grads) & jnp.isfinite(losses)
+    ok = finite if counted is None else finite & counted
     denom = jnp.maximum(jnp.sum(ok), 1).astype(jnp.float32)
     w = ok.astype(jnp.float32) / denom
-    finite = jax.tree_util.tree_map(lambda g: jnp.where(jnp.reshape(ok, ok.shape + (1,) * (g.ndim - 1)), g, 0.0),
-                                    grads)
-    return tree_weighted_sum(w, finite), jnp.sum(~ok)
+    kept = jax.tree_util.tree_map(lambda g: jnp.where(jnp.reshape(ok, ok.shape + (1,) * (g.ndim - 1)), g, 0.0),
+                                  grads)
+    return tree_weighted_sum(w, kept), jnp.sum(~finite), ok
 
 
 class TruncatedGrad(TruncatedEstimator):
@@ -104,7 +109,9 @@ class TruncatedGrad(TruncatedEstimator):
         grads, (states, out) = jax.vmap(jax.grad(particle_loss, has_aux=True), in_axes=(None, 0, 0))(
             theta, state.inner_state, jax.random.split(key, self.num_tasks))
         losses = jnp.sum(jnp.where(out.mask, out.loss, 0.0), axis=1) / K
-        grad, dropped = mean_finite_grads(grads, losses)
+        grad, dropped, kept = mean_finite_grads(grads, losses)
         metrics = {"nonfinite": jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0))),
                    "resets": jnp.sum(out.is_done), "nonfinite_grads": dropped}
-        return TruncatedGradState(states), Estimate(grad, masked_mean(out.loss, out.mask), metrics)
+        counted = out.mask & kept[:, None]  # a particle's steps enter the estimate only with its gradient
+        estimate = counted_estimate(grad, masked_mean(out.loss, out.mask), jnp.sum(counted), out.mask.size, metrics)
+        return TruncatedGradState(states), estimate

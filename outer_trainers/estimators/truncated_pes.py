@@ -19,7 +19,7 @@ from flax import struct
 
 from outer_trainers import unroll as U
 from outer_trainers.estimators import antithetic as A
-from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, Estimate
+from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, Estimate, counted_estimate
 from outer_trainers.tree_utils import tree_weighted_sum
 from outer_trainers.truncated_step import StepOut
 
@@ -73,7 +73,8 @@ def pes_update(out: StepOut, eps, acc, std: float, num_total: int):
     Returns:
         (grad, acc, stats): these pairs' terms of the estimate, each divided by 2σ²·K·N (so
         summing over the shards of the N pairs gives ĝ); the new accumulators ξ [M]; and
-        float32 [4] sums [masked loss sum, counted steps, nonfinite steps, pair resets].
+        float32 [6] sums [masked loss sum, unmasked steps, nonfinite steps, pair resets, steps that
+        entered the estimate (`antithetic.counted_steps`), steps run].
     """
     K = out.loss.shape[0]
     diff = A.pair_loss_diff(out.loss, out.mask)
@@ -85,22 +86,23 @@ def pes_update(out: StepOut, eps, acc, std: float, num_total: int):
     new_acc = jax.tree_util.tree_map(lambda e, a: bshape(keep_eps, e) * e + bshape(keep_acc, a) * a, eps, acc)
     stats = jnp.stack([jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask).astype(jnp.float32),
                        jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0))).astype(jnp.float32),
-                       jnp.sum(done).astype(jnp.float32)])
+                       jnp.sum(done).astype(jnp.float32), A.counted_steps(out.mask).astype(jnp.float32),
+                       jnp.asarray(out.mask.size, jnp.float32)])
     return grad, new_acc, stats
 
 
 def stats_to_estimate(grad, stats: jax.Array) -> Estimate:
-    """The Estimate of `pes_update`'s (summed) grad and stats: loss = masked loss sum / counted steps.
+    """The Estimate of `pes_update`'s (summed) grad and stats: loss = masked loss sum / unmasked steps.
 
     Args:
         grad: the θ-shaped estimate.
-        stats: float32 [4], as returned by `pes_update` (summed over shards).
+        stats: float32 [6], as returned by `pes_update` (summed over shards).
 
     Returns:
-        Estimate with metrics "nonfinite" and "resets" (int32).
+        Estimate with `num_valid`, `num_steps` and metrics "nonfinite" and "resets" (int32).
     """
     metrics = {"nonfinite": stats[2].astype(jnp.int32), "resets": stats[3].astype(jnp.int32)}
-    return Estimate(grad, stats[0] / jnp.maximum(stats[1], 1.0), metrics)
+    return counted_estimate(grad, stats[0] / jnp.maximum(stats[1], 1.0), stats[4], stats[5], metrics)
 
 
 class TruncatedPES(AntitheticTruncatedEstimator):

@@ -28,6 +28,7 @@ from outer_trainers import unroll as U
 from outer_trainers.estimators import antithetic as A
 from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator
 from outer_trainers.estimators.truncated_pes import PESState, pes_update, stats_to_estimate
+from outer_trainers.estimators.validation import check_int, check_optional_int
 from outer_trainers.truncated_step import TruncatedStep
 
 AXIS = "tasks"
@@ -54,6 +55,11 @@ class TruncatedPESPMAP(AntitheticTruncatedEstimator):
                  devices: Optional[Sequence[jax.Device]] = None, share_data: bool = False,
                  compiler_options: Optional[dict] = None):
         devices = list(jax.local_devices() if devices is None else devices)
+        if not devices:
+            raise ValueError("TruncatedPESPMAP got devices=[]: it needs at least one device to shard its pairs "
+                             "over; pass devices=None for jax.local_devices()")
+        num_tasks = check_int("num_tasks", num_tasks, minimum=1)
+        num_devices = check_optional_int("num_devices", num_devices)
         if num_devices is not None:
             if not 1 <= num_devices <= len(devices):
                 raise ValueError(f"num_devices={num_devices} but {len(devices)} local devices are visible "
@@ -69,7 +75,7 @@ class TruncatedPESPMAP(AntitheticTruncatedEstimator):
         super().__init__(truncated_step, num_tasks, trunc_length, std,
                          random_initial_iteration_offset=random_initial_iteration_offset,
                          compiler_options=compiler_options)
-        self.name = f"TruncatedPESPMAP(n={num_tasks},K={trunc_length},devices={self.num_devices})"
+        self.name = f"TruncatedPESPMAP(n={self.num_tasks},K={self.trunc_length},devices={self.num_devices})"
 
     def _shard(self, tree, spec):
         return jax.lax.with_sharding_constraint(tree, NamedSharding(self.mesh, spec))

@@ -13,7 +13,7 @@ import lopt
 import outer_trainers as ot
 import tasks
 from outer_trainers.train_eval import Evaluation
-from outer_trainers.train_model import data_parallel_sharding
+from outer_trainers.train_state import data_parallel_sharding
 
 TASK = tasks.QuadraticFamily(dim=4).task_fn(tasks.QuadraticFamily(dim=4).sample(jax.random.key(0)))
 

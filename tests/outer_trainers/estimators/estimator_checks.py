@@ -130,22 +130,47 @@ class _NaNQuadratic(Task):
         return 0.5 * jnp.sum(jnp.square(params["x"] - 1.0)) * jnp.where(self.bad, jnp.nan, 1.0)
 
 
-def nan_step(episode: int = 6) -> ot.LOptTruncatedStep:
-    return ot.LOptTruncatedStep(NaNQuadraticFamily(), lopt.LearnableSGDM(0.1, 0.5),
+def nan_step(episode: int = 6, p_bad: float = 0.3) -> ot.LOptTruncatedStep:
+    return ot.LOptTruncatedStep(NaNQuadraticFamily(p_bad), lopt.LearnableSGDM(0.1, 0.5),
                                 ot.ConstantTruncationSchedule(episode))
 
 
 def assert_nonfinite_handled(est, theta, num_estimates: int = 3) -> None:
-    """Particles hitting NaN losses are counted and reset; every estimate stays finite."""
+    """Particles hitting NaN losses are counted and reset; every estimate stays finite and reports
+    that some but not all of its inner steps counted."""
     state = est.init_state(theta, jax.random.key(0))
     total = 0
     for i in range(num_estimates):
         state, e = est.estimate(theta, state, jax.random.key(i + 1))
         assert np.all(np.isfinite(flat(e.grad))), e.grad
         assert np.isfinite(float(e.loss))
+        assert 0 < int(e.num_valid) <= int(e.num_steps), (e.num_valid, e.num_steps)
         total += int(e.metrics["nonfinite"])
         assert int(e.metrics["resets"]) >= 1
     assert total > 0
+
+
+def diverged_theta(theta: dict) -> dict:
+    """θ of LearnableSGDM thrown far by the outer optimizer: lr = exp(1000) = inf, so every inner
+    update is non-finite (the same shapes as θ, so an estimator does not recompile for it)."""
+    return dict(theta, log_lr=theta["log_lr"] + 1000.0)
+
+
+def assert_all_masked_estimate_is_empty(est, theta, num_estimates: int = 2) -> None:
+    """When every inner step is non-finite the estimate says so: 0 valid of > 0 steps, a NaN loss
+    (no meta-loss, not 0) and a finite gradient, so the learner drops it rather than apply it."""
+    state = est.init_state(theta, jax.random.key(0))
+    for i in range(num_estimates):
+        state, e = est.estimate(theta, state, jax.random.key(i + 1))
+        assert int(e.num_valid) == 0 and int(e.num_steps) > 0, (e.num_valid, e.num_steps)
+        assert np.isnan(float(e.loss)) and np.all(np.isfinite(flat(e.grad)))
+
+
+def assert_counts_every_step(est, theta) -> None:
+    """On a problem without non-finite steps every inner step of an estimate counts."""
+    state = est.init_state(theta, jax.random.key(0))
+    _, e = est.estimate(theta, state, jax.random.key(1))
+    assert int(e.num_valid) == int(e.num_steps) == est.inner_steps_per_estimate, (e.num_valid, e.num_steps)
 
 
 def assert_checkpoint_round_trip(est, theta, path) -> None:

@@ -7,6 +7,8 @@ A new estimator gets the whole contract by adding a row:
   estimator_checks (exactly for backprop, within 3 standard errors for ES);
 - a second `estimate` does not recompile;
 - particles whose loss is NaN are masked, reset and counted, and estimates stay finite;
+- an estimate reports how many of its inner steps counted (`num_valid` of `num_steps`): all on a
+  finite problem, none — with a NaN loss, so the learner drops it — when every step is non-finite;
 - its state survives a checkpoint round trip: the next estimate is bit-identical.
 Estimator-specific behaviour (PES's staggering, FullES's sign/clip, ...) is tested in its own file.
 """
@@ -118,7 +120,14 @@ def test_no_recompile(name, small, compile_counter):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_nonfinite_steps_are_masked_reset_and_counted(name):
-    C.assert_nonfinite_handled(ESTIMATORS[name].make(C.nan_step(), 8), C.theta0())
+    est = ESTIMATORS[name].make(C.nan_step(), 8)
+    C.assert_nonfinite_handled(est, C.theta0())
+    C.assert_all_masked_estimate_is_empty(est, C.diverged_theta(C.theta0()))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_estimates_count_their_valid_steps(name, small):
+    C.assert_counts_every_step(small(name), C.theta0())
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -1,11 +1,13 @@
 """TruncatedGrad: full-length truncation equals FullGrad; carries state; remat is exact; non-finite
 gradients are dropped (the rest: test_estimator_contract)."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import lopt
 import outer_trainers as ot
+from outer_trainers.estimators.truncated_grad import mean_finite_grads
 from tasks.quadratics import QuadraticFamily
 from tests.outer_trainers.estimators import estimator_checks as C
 
@@ -52,3 +54,12 @@ def test_nonfinite_gradients_are_dropped_and_counted():
         assert np.all(np.isfinite(C.flat(e.grad))) and np.isfinite(float(e.loss))
         dropped += int(e.metrics["nonfinite_grads"])
     assert dropped > 0
+
+
+def test_mean_finite_grads_says_which_particles_it_kept():
+    """The estimators count only the kept particles' steps as valid, so an estimate that kept none is dropped."""
+    grads, losses = {"w": jnp.array([[1.0], [jnp.nan], [3.0]])}, jnp.array([0.5, 0.5, jnp.inf])
+    g, dropped, kept = mean_finite_grads(grads, losses)
+    assert float(g["w"][0]) == 1.0 and int(dropped) == 2 and kept.tolist() == [True, False, False]
+    g, dropped, kept = mean_finite_grads(grads, losses, jnp.array([False, True, True]))
+    assert float(g["w"][0]) == 0.0 and int(dropped) == 2 and not kept.any()
