@@ -1,6 +1,9 @@
 """Distribution "lopt": learned optimizers, their meta-training, and the tasks they train on."""
 from setuptools import setup
 
+DOCS_REQUIRES = ["sphinx>=7.2", "myst-nb>=1.1", "furo>=2024.1.29", "jupytext>=1.16", "nbclient>=0.10",
+                 "nbformat>=5.9", "ipykernel>=6.29", "matplotlib>=3.7"]
+
 setup(
     name="lopt",
     version="0.1.0",
@@ -32,6 +35,9 @@ setup(
         "matplotlib>=3.7",
     ],
     extras_require={
-        "test": ["pytest>=7.4", "pytest-timeout>=2.2"],
+        # The documentation site (Sphinx + myst-nb) and executing the tutorial notebooks.
+        "docs": DOCS_REQUIRES,
+        # Everything the test suite needs, the docs build and the tutorials included.
+        "test": ["pytest>=7.4", "pytest-timeout>=2.2"] + DOCS_REQUIRES,
     },
 )

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from lopt import adafac_mlp_lopt as adafac
+from lopt.adafac_mlp_lopt import AdafacState
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
 from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
@@ -39,7 +40,7 @@ class HyperLOptState(NamedTuple):
       lstm_c: float32 [L, H]: the LSTM's c.
       loss_state: float32 [2]: the loss EMA and a seen flag (`features.loss_features`).
     """
-    accumulators: adafac.AdafacState
+    accumulators: AdafacState
     lstm_h: jax.Array
     lstm_c: jax.Array
     loss_state: jax.Array
