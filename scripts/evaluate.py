@@ -37,10 +37,12 @@ import numpy as np
 import optax
 
 import lopt
+from lopt.file_io import atomic_write_bytes
 from outer_trainers.evaluation import best_runs, check_learning_rates, final_loss, lr_grid, run_settings
 from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
 from tasks.base import Task, TaskFamily, check_count, single_task_family
 
+RESULT_FILES = ("results.csv", "curves.png", "results.md", "curves.npz")
 ADAM_LRS = tuple(float(x) for x in np.logspace(-4, -1, 7))
 SGDM_LRS = tuple(float(x) for x in np.logspace(-3, 0, 7))
 
@@ -177,7 +179,8 @@ def plot_curves(path: str, results: dict) -> None:
 @gin.configurable
 def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence[Any] = gin.REQUIRED,
              num_steps: int = 1000, num_seeds: int = 3, adam_lrs: Sequence[float] = ADAM_LRS,
-             sgdm_lrs: Sequence[float] = SGDM_LRS, momentum: float = 0.9, eval_split: str = "test") -> dict:
+             sgdm_lrs: Sequence[float] = SGDM_LRS, momentum: float = 0.9, eval_split: str = "test",
+             overwrite: bool = False) -> dict:
     """Runs the comparison of the module docstring and writes its four files to `output_dir`.
 
     Args:
@@ -190,6 +193,7 @@ def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence
       sgdm_lrs: SGD-with-momentum's learning-rate grid.
       momentum: SGD's momentum.
       eval_split: the data split of the loss measured after training.
+      overwrite: replace the result files of an earlier evaluation in `output_dir` (otherwise refused).
 
     Returns:
       `{task name: run_task's runs}`.
@@ -197,10 +201,14 @@ def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence
     Raises:
       ValueError (TypeError for a task of another type), before any training or file is written,
       naming the argument: num_steps or num_seeds < 1, no tasks, an empty or non-positive lr grid,
-      momentum outside [0, 1), an eval_split a task's data lacks, an output_dir that is a file, or
-      an invalid theta file.
+      momentum outside [0, 1), an eval_split a task's data lacks, an output_dir that is a file or
+      already holds an evaluation's results (unless `overwrite`), or an invalid theta file.
     """
     families = check_arguments(output_dir, tasks, num_steps, num_seeds, adam_lrs, sgdm_lrs, momentum, eval_split)
+    existing = [f for f in RESULT_FILES if os.path.exists(os.path.join(output_dir, f))]
+    if existing and not overwrite:
+        raise ValueError(f"evaluate: {output_dir} already holds the results of an evaluation ({', '.join(existing)}); "
+                         f"choose another --output_dir or pass --overwrite to replace them")
     learned_opt, theta = lopt.load_learned_optimizer(theta_path)
     seeds = list(range(num_seeds))
     results = {}
@@ -212,8 +220,8 @@ def evaluate(output_dir: str, *, theta_path: str = gin.REQUIRED, tasks: Sequence
     write_csv(os.path.join(output_dir, "results.csv"), results, seeds)
     plot_curves(os.path.join(output_dir, "curves.png"), results)
     table = markdown_table(results, num_steps)
-    with open(os.path.join(output_dir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(f"# Learned optimizer ({learned_opt.name}) vs tuned baselines\n\n{table}\n")
+    atomic_write_bytes(os.path.join(output_dir, "results.md"),
+                       f"# Learned optimizer ({learned_opt.name}) vs tuned baselines\n\n{table}\n".encode("utf-8"))
     np.savez(os.path.join(output_dir, "curves.npz"),
              **{f"{t}/{r['optimizer']}/{r['learning_rate']:.6g}": r["losses"] for t, runs in results.items()
                 for r in runs})
@@ -303,6 +311,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--num_seeds", type=int, help="task draws per task (sets evaluate.num_seeds)")
     p.add_argument("--gin_file", action="append", default=[], help="gin config file (repeatable)")
     p.add_argument("--gin_param", action="append", default=[], help="gin binding, e.g. 'evaluate.num_steps = 100'")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation's files in --output_dir")
     return p.parse_args(argv)
 
 
@@ -316,6 +325,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     params = list(args.gin_param) + task_bindings(args.task)
     if args.theta:
         params.append(f"evaluate.theta_path = {args.theta!r}")
+    if args.overwrite:
+        params.append("evaluate.overwrite = True")
     for flag in ("num_steps", "num_seeds"):
         if getattr(args, flag) is not None:
             params.append(f"evaluate.{flag} = {getattr(args, flag)}")

@@ -33,6 +33,17 @@ def test_tiny_task_list_writes_csv_png_and_table(evaluate_script, tmp_path):
     table = (out / "results.md").read_text()
     for name in ("| quadratic_dim4 | learned |", "| quadratic_dim4 | adam |", "| rosenbrock | sgdm |"):
         assert name in table
+    # A second evaluation into the same directory is refused and leaves the first one's files as they were.
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    args = ["--theta", theta_path, "--task", "QuadraticFamily(dim=4)", "--num_steps", "5", "--num_seeds", "1",
+            "--output_dir", str(out)]
+    gin.clear_config()
+    with pytest.raises(ValueError, match=r"already holds the results of an evaluation \(results.csv, curves.png"):
+        evaluate_script.main(args)
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    gin.clear_config()
+    evaluate_script.main(args + ["--overwrite"])
+    assert len(list(csv.DictReader(open(out / "results.csv")))) == (1 + 7 + 7) * 1
 
 
 def test_bad_task_spec_is_reported(evaluate_script):
