@@ -210,8 +210,9 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
       eval_split: the data split of the loss measured after training.
 
     Returns:
-      `{name: {"final_train": mean over tasks of the final train loss, "eval": mean eval loss,
-      "curve": mean train loss per step (num_steps floats)}}` for "learned" and each "adam(lr=...)",
+      `{name: {"final_train": mean over tasks of the final train loss, "final_train_median": its
+      median over tasks (the statistic `best_runs` ranks by), "eval": mean eval loss, "curve": mean
+      train loss per step (num_steps floats)}}` for "learned" and each "adam(lr=...)",
       plus "best_adam": the name of the best Adam entry, or None when every learning rate diverged.
       ValueError, before anything runs, unless num_tasks, num_steps >= 1 and the grid is non-empty,
       finite and positive.
@@ -226,8 +227,9 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
     label = lambda r: "learned" if r["optimizer"] == "learned" else f"adam(lr={r['learning_rate']:g})"
     results = {}
     for r in runs:
-        results[label(r)] = {"final_train": float(np.mean(final_loss(r["losses"]))), "eval": float(np.mean(r["evals"])),
-                             "curve": r["losses"].mean(0).tolist()}
+        finals = final_loss(r["losses"])
+        results[label(r)] = {"final_train": float(np.mean(finals)), "final_train_median": float(np.median(finals)),
+                             "eval": float(np.mean(r["evals"])), "curve": r["losses"].mean(0).tolist()}
     best_adam = best_runs(runs)["adam"]
     results["best_adam"] = None if best_adam.get("diverged") else label(best_adam)
     return results
@@ -241,15 +243,17 @@ def format_comparison(results: dict, num_steps: int) -> str:
       num_steps: the inner steps of the runs (shown in the header).
 
     Returns:
-      the table: one row per optimizer with its final train loss and eval loss, and a note below
-      it when every Adam learning rate diverged (no best Adam).
+      the table: one row per optimizer with its final train loss (median over tasks, which picks
+      the best Adam, and mean) and mean eval loss, and a note below it when every Adam learning
+      rate diverged (no best Adam).
     """
-    lines = [f"| optimizer ({num_steps} inner steps) | final train loss | eval loss |", "|---|---|---|"]
+    lines = [f"| optimizer ({num_steps} inner steps) | final train loss, median | mean | eval loss, mean |",
+             "|---|---|---|---|"]
     for name, r in results.items():
         if name == "best_adam":
             continue
         mark = " (best Adam)" if name == results["best_adam"] else ""
-        lines.append(f"| {name}{mark} | {r['final_train']:.4f} | {r['eval']:.4f} |")
+        lines.append(f"| {name}{mark} | {r['final_train_median']:.4f} | {r['final_train']:.4f} | {r['eval']:.4f} |")
     if results["best_adam"] is None:
         lines.append("\nNo best Adam: every learning rate of the grid diverged (a non-finite loss on some task).")
     return "\n".join(lines)
