@@ -162,14 +162,14 @@ def plot_curves(path: str, results: dict) -> None:
             label += DIVERGED if r.get("diverged") else ""
             ax.plot(steps, np.median(losses, 0), label=label)
             ax.fill_between(steps, np.min(losses, 0), np.max(losses, 0), alpha=0.2)
+        if all(np.all(np.asarray(r["losses"]) > 0) for r in runs if np.all(np.isfinite(r["losses"]))):
+            ax.set_yscale("log")  # before the limit below, which a linear axis would set below 0
         starts = [np.median(r["losses"][:, 0]) for r in runs if np.all(np.isfinite(r["losses"][:, 0]))]
         if starts and np.isfinite(max(starts)):  # keep diverging curves from squashing the others
             ax.set_ylim(top=max(10 * max(starts), 1e-12) if max(starts) > 0 else None)
         ax.set_title(task)
         ax.set_xlabel("step")
         ax.set_ylabel("train loss")
-        if all(np.all(np.asarray(r["losses"]) > 0) for r in runs if np.all(np.isfinite(r["losses"]))):
-            ax.set_yscale("log")
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -3,6 +3,7 @@ import csv
 
 import gin
 import jax
+import numpy as np
 import pytest
 
 import lopt
@@ -92,3 +93,20 @@ def test_table_marks_an_optimizer_whose_every_setting_diverged(evaluate_script):
     table = evaluate_script.markdown_table(results, 10)
     assert "| t | adam | 0.001 (every setting diverged) |" in table
     assert "| t | learned | — |" in table and "| t | sgdm | 0.01 |" in table
+
+
+def test_curves_of_positive_losses_get_a_log_axis_with_a_positive_bottom(evaluate_script, tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to inspect it
+    losses = np.exp(-np.linspace(0.0, 5.0, 20))[None, :] * np.array([[1.0], [2.0]])  # [seeds, steps] > 0
+    runs = [{"optimizer": "learned", "learning_rate": float("nan"), "losses": losses, "evals": np.ones(2)},
+            {"optimizer": "adam", "learning_rate": 0.01, "losses": 2 * losses, "evals": np.ones(2)}]
+    evaluate_script.plot_curves(str(tmp_path / "curves.png"), {"quadratic": runs})
+    ax = figures[0].axes[0]
+    assert ax.get_yscale() == "log"
+    bottom, top = ax.get_ylim()
+    assert 0 < bottom < losses.min() and top == pytest.approx(10 * 2 * np.median(losses[:, 0]))
