@@ -1,6 +1,8 @@
 """Distribution "lopt": learned optimizers, their meta-training, and the tasks they train on."""
 from setuptools import setup
 
+# Distributed meta-training (issue #13): Ray actors for workers and evaluators, Ray Tune for PBT.
+RAY_REQUIRES = ["ray[tune]>=2.40"]
 DOCS_REQUIRES = ["sphinx>=7.2", "myst-nb>=1.1", "furo>=2024.1.29", "jupytext>=1.16", "nbclient>=0.10",
                  "nbformat>=5.9", "ipykernel>=6.29", "matplotlib>=3.7"]
 
@@ -14,11 +16,15 @@ setup(
     packages=[
         "lopt",
         "outer_trainers",
+        "outer_trainers.distributed",
         "outer_trainers.estimators",
         "outer_trainers.examples",
         "tasks",
         "tasks.datasets",
+        "lopt.pretrained",
     ],
+    # Meta-trained theta files (a few KB each) and their provenance ship inside the package.
+    package_data={"lopt.pretrained": ["*.msgpack", "*.json"]},
     install_requires=[
         "jax>=0.6.0",
         "jaxlib>=0.6.0",
@@ -37,7 +43,9 @@ setup(
     extras_require={
         # The documentation site (Sphinx + myst-nb) and executing the tutorial notebooks.
         "docs": DOCS_REQUIRES,
+        # Meta-training on many machines: Ray workers, evaluation actors, PBT with Ray Tune.
+        "ray": RAY_REQUIRES,
         # Everything the test suite needs, the docs build and the tutorials included.
-        "test": ["pytest>=7.4", "pytest-timeout>=2.2"] + DOCS_REQUIRES,
+        "test": ["pytest>=7.4", "pytest-timeout>=2.2"] + DOCS_REQUIRES + RAY_REQUIRES,
     },
 )

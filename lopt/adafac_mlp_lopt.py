@@ -168,7 +168,9 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: int 
         return total + jnp.einsum("fk,fk->f", x, x)  # a batched dot: no [F, rows, cols] of squares
 
     n_feat = num_leaf_features(acc.m.shape[0], acc.row.shape[0])
-    return jax.lax.fori_loop(0, starts.shape[0], body, jnp.zeros((n_feat,), jnp.float32)) / g.size
+    # the carry starts from the first block's sums, so it has their type also inside shard_map
+    total = body(0, jnp.zeros((n_feat,), jnp.float32))
+    return jax.lax.fori_loop(1, starts.shape[0], body, total) / g.size
 
 
 def _matrix_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum) -> jax.Array:

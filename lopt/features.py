@@ -205,4 +205,7 @@ def blockwise_map(fn, n: int, c: int, out_rows: int) -> jax.Array:
     def body(i, out):
         return jax.lax.dynamic_update_slice_in_dim(out, fn(starts[i]), starts[i], axis=1)
 
-    return jax.lax.fori_loop(0, starts.shape[0], body, jnp.zeros((out_rows, n), jnp.float32))
+    # the carry starts from the first block's output (not a constant zeros) so that it has that
+    # output's type also inside shard_map, where fn's values vary over the mesh axis
+    out = body(0, jnp.zeros((out_rows, n), jnp.float32))
+    return jax.lax.fori_loop(1, starts.shape[0], body, out)

@@ -41,7 +41,9 @@ from lopt.base import LearnedOptimizer
 from lopt.nn import per_param_mlp_init, shared_bias
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
-CHUNK = 16384
+# parameters per block: under vmap over 16 particles a block's [16, H, c] activations stay near cache
+# (issue #16: ~9% faster than 16384 on a 4-layer image MLP's PES estimate, the same on smaller models)
+CHUNK = 4096
 COLUMN_MIN_SIZE = 256  # smaller tensors use the row-major MLP (faster there; measured crossover 100-300)
 
 

@@ -1,7 +1,9 @@
 """Meta-training: truncation schedules, unrolled systems, gradient estimators, learner, outer loop."""
 from outer_trainers.estimator_schedule import EstimatorSchedule
+from outer_trainers.devices import use_all_cpu_cores
 from outer_trainers.estimators import (Estimate, FullES, FullGrad, GradientEstimator, NoiseReuseES, TruncatedES,
                                        TruncatedGrad, TruncatedPES, TruncatedPESPMAP, default_compiler_options)
+from outer_trainers import protocol
 from outer_trainers.evaluation import (best_runs, compare_optimizers, format_comparison, lr_grid, make_task_trainer,
                                        run_settings)
 from outer_trainers.gradient_learner import GradientLearner, LearnerState
@@ -16,10 +18,13 @@ from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogU
                                                 TruncationState)
 from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy, UnreadableCheckpointsError
 from outer_trainers.meta_eval import MetaEvaluator
+from outer_trainers.multi_family import estimator_on_family
+from outer_trainers.outer_optimizers import chained
 from outer_trainers.train_eval import Evaluation, Evaluator
 from outer_trainers.train_loop import TrainResult, run_to_end, train_loop
 from outer_trainers.train_model import train_model
 from outer_trainers.train_state import TrainState
+from outer_trainers.distributed import pbt_outer_train, ray_outer_train
 
 __all__ = [
     "EstimatorSchedule",
@@ -30,8 +35,9 @@ __all__ = [
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",
     "Reporter", "RunTotals", "RunCheckpoints", "MetaTrainingDiverged",
     "ExistingRunError", "UnreadableCheckpointsError",
-    "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
+    "protocol", "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",
-    "train_loop", "run_to_end", "Evaluation", "Evaluator",
+    "train_loop", "run_to_end", "Evaluation", "Evaluator", "chained", "use_all_cpu_cores",
+    "estimator_on_family", "ray_outer_train", "pbt_outer_train",
 ]

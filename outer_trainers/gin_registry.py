@@ -4,7 +4,9 @@
 `outer_trainers` (every name in their `__all__`) under its own name, e.g.
 `TruncatedPES.std = 0.01` or `x = @NeverEndingTruncationSchedule()`, and with the package as
 module, `outer_trainers.TruncatedPES.std`; plus the optax optimizers and transforms that
-outer-optimizer configs use (`optax.adam.learning_rate = 1e-3`).
+outer-optimizer configs use (`optax.adam.learning_rate = 1e-3`). gin cannot bind `optax.chain`'s
+varargs; `outer_trainers.chained` takes the list, so a gin file clips the outer gradient with
+`train.outer_opt = @chained()` and `chained.transforms = [@optax.clip_by_global_norm(), @optax.adam()]`.
 
 What is registered: every public class except state containers, and every public function.
 State containers are the pytrees that carry values between steps or out of a run, not settings:

@@ -1,6 +1,6 @@
 """Inner problems for learned optimizers: Task, TaskFamily, data sources, built-in tasks,
 sampled task families and task augmentations."""
-from tasks import datasets
+from tasks import datasets, suites
 from tasks.adapters import task_from_flax, task_from_haiku
 from tasks.augment import GradientNoise, NormalizeByInitialLoss, ReducedBatchSize, ScaleReparam
 from tasks.base import (Task, TaskFamily, accuracy, classification_normalizer, scaled_normalizer,
@@ -18,7 +18,7 @@ from tasks.registry import dataset_names, get_dataset, register_dataset
 from tasks.regression import LinearRegressionFamily, LinearRegressionTask
 
 __all__ = [
-    "Task", "TaskFamily", "single_task_family", "DataSource", "datasets",
+    "Task", "TaskFamily", "single_task_family", "DataSource", "datasets", "suites",
     "QuadraticTask", "QuadraticFamily", "LinearRegressionTask", "LinearRegressionFamily",
     "ImageMLPTask", "ImageMLPFamily", "ConvTask", "ConvFamily",
     "ByteLMTask", "ByteLMFamily", "ByteTransformerTask", "ByteLSTMTask",

@@ -10,13 +10,22 @@ separate + and − inner states. Per truncation with fresh ε_i and K steps of m
 Afterwards ξ_i ← ξ_i + ε_i with no reset, ε_i after a reset inside the truncation, and 0 when the
 reset came with the truncation's last step. The estimate is unbiased for the gradient of the
 Gaussian-smoothed loss of the whole episode's steps in this truncation.
+
+With several local devices (e.g. one XLA CPU device per core, `outer_trainers.use_all_cpu_cores`)
+the N pairs are sharded over them by default (`sharded_truncation`): each device unrolls N/D
+pairs, one `psum` per truncation adds their terms. Perturbations and step keys are drawn as on
+one device, so the estimate equals the one-device estimate up to float summation order.
 """
 from __future__ import annotations
+
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from flax import struct
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from outer_trainers import devices as D
 from outer_trainers import unroll as U
 from outer_trainers.estimators import antithetic as A
 from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, Estimate, counted_estimate
@@ -105,6 +114,52 @@ def stats_to_estimate(grad, stats: jax.Array) -> Estimate:
     return counted_estimate(grad, stats[0] / jnp.maximum(stats[1], 1.0), stats[4], stats[5], metrics)
 
 
+def sharded_truncation(ts, mesh: Mesh, theta, inner, acc, eps, keys, std: float, *, outer_state=None, data=None):
+    """One PES truncation with the N pairs sharded over the 1-D `mesh` (axis `devices.AXIS`).
+
+    Each device unrolls its N/D pairs (their + and − halves side by side) with the given step
+    keys, forms its terms of the estimate (`pes_update`), and one `psum` adds them.
+
+    Args:
+        ts: the TruncatedStep.
+        mesh: the mesh of D devices; N must be a multiple of D.
+        theta: the meta-parameters (replicated).
+        inner: the pairs' states, leaves [2, N, ...] (+ halves, then − halves).
+        acc: the accumulators ξ, θ-shaped with a leading [N] axis.
+        eps: the perturbations ε, likewise.
+        keys: [K, N] step keys (pair i's keys in column i, shared by its + and − halves).
+        std: σ.
+        outer_state: the outer iteration or None (replicated).
+        data: the arrays of `ts.data_args()` or None (replicated).
+
+    Returns:
+        (inner [2, N, ...], acc [N, ...], grad, stats) as `pes_update` returns them, summed over devices.
+    """
+    n = keys.shape[1]
+    m = n // mesh.shape[D.AXIS]
+
+    def local(theta, inner, acc, eps, keys, outer_state, data):
+        states = jax.tree_util.tree_map(lambda x: x.reshape((2 * m,) + x.shape[2:]), inner)
+        states, out = U.unroll_with_keys(ts, A.tree_stack_pm(theta, eps), states, jnp.concatenate([keys, keys], axis=1),
+                                         outer_state=outer_state, data=data, reset_groups=2)
+        grad, acc, stats = pes_update(out, eps, acc, std, n)
+        grad, stats = jax.lax.psum((grad, stats), D.AXIS)
+        inner = jax.tree_util.tree_map(lambda x: x.reshape((2, m) + x.shape[1:]), states)
+        return inner, acc, grad, stats
+
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(P(), P(None, D.AXIS), P(D.AXIS), P(D.AXIS), P(None, D.AXIS), P(), P()),
+        out_specs=(P(None, D.AXIS), P(D.AXIS), P(), P()))(theta, inner, acc, eps, keys, outer_state, data)
+
+
+SHARD_MIN_SIZE = 2048  # elements of one particle's state below which num_devices=None stays on one device
+
+
+def particle_size(inner_state) -> int:
+    """Elements of one particle's state (leaves with a leading particle axis)."""
+    return sum(int(x.size // max(x.shape[0], 1)) for x in jax.tree_util.tree_leaves(inner_state) if x.ndim)
+
+
 class TruncatedPES(AntitheticTruncatedEstimator):
     """Persistent evolution strategies: unbiased across truncations (see the module docstring).
 
@@ -114,17 +169,57 @@ class TruncatedPES(AntitheticTruncatedEstimator):
         trunc_length: K, the steps of one truncation (one `estimate`).
         std: σ of the fresh perturbations ε_i of every truncation.
         random_initial_iteration_offset: staggers the pairs' first episodes (see `TruncatedEstimator`).
+        num_devices: shard the N pairs over this many local devices (`sharded_truncation`); None
+            for as many as divide N (`devices.shard_count`: all of them when N is a multiple of
+            their number, one when there is one device) unless a particle's state is smaller than
+            `SHARD_MIN_SIZE` elements (a 10-dim quadratic runs slower sharded: its steps are too
+            small to pay for the devices' synchronisation); 1 to stay on the default device.
         compiler_options: XLA compile options (see `GradientEstimator`).
     """
+
+    def __init__(self, truncated_step, num_tasks: int, trunc_length: int, std: float = 0.01, *,
+                 random_initial_iteration_offset: int = 0, num_devices: Optional[int] = None,
+                 compiler_options: Optional[dict] = None):
+        super().__init__(truncated_step, num_tasks, trunc_length, std,
+                         random_initial_iteration_offset=random_initial_iteration_offset,
+                         compiler_options=compiler_options)
+        self.mesh = D.particle_mesh(self.num_tasks, num_devices)
+        self._auto_devices = num_devices is None
+
+    @property
+    def num_devices(self) -> int:
+        """The devices the pairs are sharded over (with `num_devices=None`, known once a state exists:
+        `mesh` is then dropped for small particles)."""
+        return 1 if self.mesh is None else self.mesh.shape[D.AXIS]
+
+    def _use_mesh(self, inner_state) -> bool:
+        if self.mesh is not None and self._auto_devices and particle_size(inner_state) < SHARD_MIN_SIZE:
+            self.mesh = None  # trace-time decision from static shapes: small particles stay on one device
+        return self.mesh is not None
 
     def _init_state(self, theta, key, outer_state, data):
         particles = self._init_particles(theta, key, outer_state, data)
         acc = jax.tree_util.tree_map(lambda t: jnp.zeros((self.num_tasks,) + jnp.shape(t), jnp.result_type(t)), theta)
-        return PESState(U.tile(particles, 2), acc)
+        state = PESState(U.tile(particles, 2), acc)
+        if not self._use_mesh(state.inner_state):
+            return state
+        # [2N] (+ halves, then − halves) sharded so that pair i's two halves live on one device
+        pm = jax.tree_util.tree_map(lambda x: x.reshape((2, self.num_tasks) + x.shape[1:]), state.inner_state)
+        pm = jax.lax.with_sharding_constraint(pm, NamedSharding(self.mesh, P(None, D.AXIS)))
+        return PESState(jax.tree_util.tree_map(lambda x: x.reshape((-1,) + x.shape[2:]), pm),
+                        jax.lax.with_sharding_constraint(acc, NamedSharding(self.mesh, P(D.AXIS))))
 
     def _estimate(self, theta, state, key, outer_state, data):
         k_eps, k_unroll = jax.random.split(key)
         eps = A.sample_perturbations(theta, k_eps, self.num_tasks, self.std)
+        if self._use_mesh(state.inner_state):
+            n = self.num_tasks
+            inner = jax.tree_util.tree_map(lambda x: x.reshape((2, n) + x.shape[1:]), state.inner_state)
+            inner, acc, grad, stats = sharded_truncation(
+                self.truncated_step, self.mesh, theta, inner, state.accumulator, eps,
+                U.step_keys(k_unroll, self.trunc_length, n), self.std, outer_state=outer_state, data=data)
+            states = jax.tree_util.tree_map(lambda x: x.reshape((2 * n,) + x.shape[2:]), inner)
+            return PESState(states, acc), stats_to_estimate(grad, stats)
         states, out = U.unroll(self.truncated_step, A.tree_stack_pm(theta, eps), state.inner_state, k_unroll,
                                self.trunc_length, reset_groups=2, outer_state=outer_state, data=data)
         grad, acc, stats = pes_update(out, eps, state.accumulator, self.std, self.num_tasks)

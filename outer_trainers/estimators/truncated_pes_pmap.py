@@ -1,9 +1,11 @@
 """TruncatedPESPMAP: TruncatedPES with the particle axis sharded over local devices.
 
 The math is TruncatedPES's (`pes_update`); the N particle pairs are split over a 1-D
-`jax.sharding.Mesh` of D devices (axis "tasks") with `jax.shard_map`: each device unrolls its
-N/D pairs (its + and − halves side by side), forms its partial sum of the estimate, and one
-`psum` per truncation combines them. Perturbations and step keys are drawn exactly as
+`jax.sharding.Mesh` of D devices (axis "tasks") with `jax.shard_map`
+(`truncated_pes.sharded_truncation`, which TruncatedPES itself uses when several devices are
+visible): each device unrolls its N/D pairs (its + and − halves side by side), forms its partial
+sum of the estimate, and one `psum` per truncation combines them. What this class adds: the
+[2, N] state layout, explicit `devices`, and `share_data`. Perturbations and step keys are drawn exactly as
 TruncatedPES draws them, so for the same keys the estimate equals TruncatedPES's up to float
 summation order, on any D.
 
@@ -27,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from outer_trainers import unroll as U
 from outer_trainers.estimators import antithetic as A
 from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator
-from outer_trainers.estimators.truncated_pes import PESState, pes_update, stats_to_estimate
+from outer_trainers.estimators.truncated_pes import PESState, sharded_truncation, stats_to_estimate
 from outer_trainers.estimators.validation import check_int, check_optional_int
 from outer_trainers.truncated_step import TruncatedStep
 
@@ -94,22 +96,8 @@ class TruncatedPESPMAP(AntitheticTruncatedEstimator):
         keys = U.step_keys(k_unroll, K, n)  # [K, N], as TruncatedPES's unroll draws them
         if self.share_data:
             keys = jnp.concatenate([keys[:, :n // D]] * D, axis=1)
-        ts, std = self.truncated_step, self.std
-
-        def local(theta, inner, acc, eps, keys, outer_state, data):
-            m = n // D
-            states = jax.tree_util.tree_map(lambda x: x.reshape((2 * m,) + x.shape[2:]), inner)
-            states, out = U.unroll_with_keys(ts, A.tree_stack_pm(theta, eps), states,
-                                             jnp.concatenate([keys, keys], axis=1), outer_state=outer_state,
-                                             data=data, reset_groups=2)
-            grad, acc, stats = pes_update(out, eps, acc, std, n)
-            grad, stats = jax.lax.psum((grad, stats), AXIS)
-            inner = jax.tree_util.tree_map(lambda x: x.reshape((2, m) + x.shape[1:]), states)
-            return inner, acc, grad, stats
-
-        inner, acc, grad, stats = jax.shard_map(
-            local, mesh=self.mesh, in_specs=(P(), P(None, AXIS), P(AXIS), P(AXIS), P(None, AXIS), P(), P()),
-            out_specs=(P(None, AXIS), P(AXIS), P(), P()))(theta, state.inner_state, state.accumulator, eps,
-                                                           keys, outer_state, data)
+        inner, acc, grad, stats = sharded_truncation(self.truncated_step, self.mesh, theta, state.inner_state,
+                                                     state.accumulator, eps, keys, self.std,
+                                                     outer_state=outer_state, data=data)
         new_state = PESState(self._shard(inner, P(None, AXIS)), self._shard(acc, P(AXIS)))
         return new_state, stats_to_estimate(grad, stats)

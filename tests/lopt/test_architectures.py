@@ -22,6 +22,7 @@ ARCHS = {
     "AdafacMLPLOpt": lambda: lopt.AdafacMLPLOpt(momentum_decays=(0.9,), adafactor_decays=(0.99,), use_num_steps=True),
     "RNNMLPLOpt": lambda: lopt.RNNMLPLOpt(lstm_hidden=4, mlp_hidden=4),
     "NNAdam": lambda: lopt.NNAdam(lstm_hidden=4),
+    "NormMLPLOpt": lambda: lopt.NormMLPLOpt(hidden_size=4, lr_hidden_size=4, decays=(0.9,), orthogonalize=True),
     "HyperLOpt": lambda: lopt.HyperLOpt(lstm_hidden=4, momentum_decays=(0.9,), adafactor_decays=(0.99,)),
     "LearnableAdam": lambda: lopt.LearnableAdam(1e-2),
     "LearnableSGDM": lambda: lopt.LearnableSGDM(1e-2),

@@ -30,16 +30,21 @@ def test_run_settings_order_shapes_and_same_draws(compile_counter):
     assert np.all(runs[1]["losses"][:, -1] < runs[1]["losses"][:, 0])
 
 
-def test_compare_optimizers_picks_the_best_adam():
+def test_compare_optimizers_picks_the_best_adam_by_the_protocol():
     fam = tasks.QuadraticFamily(dim=4)
     lo = lopt.LearnableAdam()
-    res = ot.compare_optimizers(fam, lo.opt_fn, lo.init(jax.random.key(0)), num_tasks=2, num_steps=15,
+    res = ot.compare_optimizers(fam, lo.opt_fn, lo.init(jax.random.key(0)), num_tasks=3, num_steps=15,
                                 key=jax.random.key(2), adam_lrs=(1e-4, 1e-1))
-    assert set(res) == {"learned", "adam(lr=0.0001)", "adam(lr=0.1)", "best_adam"}
-    # with two tasks the median final train loss (the rule) is the mean ("final_train")
-    assert res["best_adam"] == min(["adam(lr=0.0001)", "adam(lr=0.1)"], key=lambda k: res[k]["final_train"])
+    adam = [k for k in res if k.startswith("adam(")]
+    assert len(adam) >= 7  # a 2-point grid is first spread to 7 log-spaced rates, 1e-4 .. 1e-1
+    assert {"adam(lr=0.0001)", "adam(lr=0.1)", "learned", "best_adam", "protocol"} <= set(res)
+    best = min(adam, key=lambda k: res[k]["final_train_median"])
+    assert res["best_adam"] == best and res["protocol"]["grid_edge"] is None  # extended until the best is inside
     assert len(res["learned"]["curve"]) == 15
-    assert "| learned |" in ot.format_comparison(res, 15)
+    c = res["protocol"]["compare"]
+    assert c["ratio_train"] == pytest.approx(res["learned"]["final_train_median"] / res[best]["final_train_median"])
+    table = ot.format_comparison(res, 15)
+    assert "| learned |" in table and f"| {best} (best Adam) |" in table and "speedup" in table
 
 
 def test_best_runs_takes_the_lowest_median_final_loss_and_a_diverged_run_loses():
@@ -57,26 +62,29 @@ def test_best_runs_takes_the_lowest_median_final_loss_and_a_diverged_run_loses()
     assert not any("diverged" in best[k] for k in ("learned", "adam"))
 
 
-def _fake_runs(adam_finals):
-    """run_settings output of a learned optimizer and one Adam run per final loss (2 tasks, 10 steps)."""
+def _fake(monkeypatch, adam_finals):
+    """compare_optimizers on fake runs: a learned optimizer and one Adam run per final loss (2 tasks, 10 steps)."""
+    from outer_trainers import protocol
     curve = lambda final: np.full((2, 10), final)
-    runs = [{"optimizer": "learned", "learning_rate": float("nan"), "losses": curve(1.0), "evals": np.ones(2)}]
-    return runs + [{"optimizer": "adam", "learning_rate": lr, "losses": curve(f), "evals": np.ones(2)}
-                   for lr, f in zip((1e-3, 1e-2), adam_finals)]
+    learned = {"optimizer": "learned", "learning_rate": float("nan"), "losses": curve(1.0), "evals": np.ones(2)}
+    adam = [{"optimizer": "adam", "learning_rate": lr, "losses": curve(f), "evals": np.ones(2)}
+            for lr, f in zip((1e-3, 1e-2), adam_finals)]
+    monkeypatch.setattr(protocol, "run_fixed", lambda *a, **k: learned)
+    monkeypatch.setattr(protocol, "tune_learning_rate", lambda *a, **k: adam)
+    return ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, num_tasks=2, num_steps=10,
+                                 key=jax.random.key(0), adam_lrs=(1e-3, 1e-2))
 
 
 def test_compare_optimizers_names_no_best_adam_when_every_lr_diverged(monkeypatch):
     """It used to name the first lr "best Adam"; outer_train's table now says that none is."""
-    monkeypatch.setattr(evaluation, "run_settings", lambda *a, **k: _fake_runs((np.nan, np.inf)))
-    res = ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, num_tasks=2, num_steps=10,
-                                key=jax.random.key(0), adam_lrs=(1e-3, 1e-2))
-    assert res["best_adam"] is None
+    res = _fake(monkeypatch, (np.nan, np.inf))
+    assert res["best_adam"] is None and res["protocol"]["compare"] is None
     table = ot.format_comparison(res, 10)
     assert "(best Adam)" not in table and "No best Adam: every learning rate of the grid diverged" in table
-    monkeypatch.setattr(evaluation, "run_settings", lambda *a, **k: _fake_runs((np.nan, 0.5)))
-    res = ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, num_tasks=2, num_steps=10,
-                                key=jax.random.key(0), adam_lrs=(1e-3, 1e-2))
+    res = _fake(monkeypatch, (np.nan, 0.5))
     assert res["best_adam"] == "adam(lr=0.01)" and "| adam(lr=0.01) (best Adam) |" in ot.format_comparison(res, 10)
+    assert "does not reach the best Adam's final train loss within 10 steps" in ot.format_comparison(res, 10)
+    assert "still on the high edge" in ot.format_comparison(res, 10)  # the fake grid was not extended
 
 
 @pytest.mark.parametrize("kwargs, what", [
@@ -87,7 +95,9 @@ def test_compare_optimizers_names_no_best_adam_when_every_lr_diverged(monkeypatc
 ])
 def test_compare_optimizers_refuses_empty_runs_before_training(monkeypatch, kwargs, what):
     """num_steps=0 / num_tasks=0 used to give NaN tables with an arbitrary best Adam."""
-    monkeypatch.setattr(evaluation, "run_settings", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    from outer_trainers import protocol
+    for fn in ("run_fixed", "tune_learning_rate"):
+        monkeypatch.setattr(protocol, fn, lambda *a, **k: pytest.fail("trained despite a bad argument"))
     args = {**dict(num_tasks=2, num_steps=10, key=jax.random.key(0), adam_lrs=(1e-3,)), **kwargs}
     with pytest.raises(ValueError, match=what):
         ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, **args)
@@ -104,3 +114,18 @@ def test_trainer_and_sampling_refuse_zero_steps_tasks_and_empty_grids():
                         jax.random.split(jax.random.key(1), 1), 5)
     with pytest.raises(ValueError, match="lr_grid must hold at least one learning rate"):
         ot.lr_grid([])
+
+
+def test_sequential_runs_equal_vmapped_runs():
+    """sequential=True (lax.map, for convnets on CPU) trains the same runs as the vmap."""
+    fam = tasks.QuadraticFamily(dim=3)
+    cfgs = sample_cfgs(fam, jax.random.key(0), 2)
+    keys = jax.random.split(jax.random.key(1), 2)
+    lrs = np.asarray([0.01, 0.1], np.float32)
+    for batched, args in ((True, lrs), (False, lrs[1])):
+        vm = ot.make_task_trainer(fam, optax.adam, 12, batched_args=batched)(args, cfgs, keys, fam.data)
+        sq = ot.make_task_trainer(fam, optax.adam, 12, batched_args=batched, sequential=True)(args, cfgs, keys, fam.data)
+        for a, b in zip(vm, sq):
+            assert a.shape == b.shape
+            np.testing.assert_allclose(a, b, rtol=1e-5)
+    assert vm[0].shape == (2, 12) and not np.allclose(vm[0][0], vm[0][1])

@@ -7,6 +7,8 @@ import inspect
 import types
 
 import gin
+import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -117,3 +119,59 @@ def test_load_config_parses_and_reports_errors(tmp_path, capsys):
                 assert "ok.gin" not in err  # a bad binding is not blamed on a good file
     finally:
         gin.clear_config()
+
+
+def test_gin_file_with_a_clipped_outer_optimizer_clips_numerically(tmp_path):
+    """gin cannot bind optax.chain's varargs; `chained` takes the list. Parsed from a gin file, the
+    outer optimizer clips the global norm before SGD: g = (3, 4) (norm 5) clipped to norm 1 is
+    (0.6, 0.8), and SGD at 0.5 steps by −(0.3, 0.4); a gradient inside the norm is left alone."""
+    cfg = tmp_path / "outer.gin"
+    cfg.write_text("gin_registry_probe.x = @chained()\n"
+                   "chained.transforms = [@optax.clip_by_global_norm(), @optax.sgd()]\n"
+                   "optax.clip_by_global_norm.max_norm = 1.0\n"
+                   "optax.sgd.learning_rate = 0.5\n")
+    try:
+        gin_registry.load_config([str(cfg)], [])
+        tx = probe()
+    finally:
+        gin.clear_config()
+    params = {"a": jnp.zeros(1), "b": jnp.zeros(1)}
+    state = tx.init(params)
+    updates, state = tx.update({"a": jnp.asarray([3.0]), "b": jnp.asarray([4.0])}, state, params)
+    np.testing.assert_allclose([updates["a"][0], updates["b"][0]], [-0.3, -0.4], rtol=1e-6)
+    updates, _ = tx.update({"a": jnp.asarray([0.3]), "b": jnp.asarray([0.4])}, state, params)
+    np.testing.assert_allclose([updates["a"][0], updates["b"][0]], [-0.15, -0.2], rtol=1e-6)
+
+
+def test_chained_refuses_what_is_not_a_list_of_transforms():
+    with pytest.raises(ValueError, match="empty list"):
+        ot.chained([])
+    with pytest.raises(TypeError, match=r"transforms\[1\] is a function.*@optax.adam\(\)"):
+        ot.chained([optax.clip_by_global_norm(1.0), optax.adam])
+    with pytest.raises(TypeError, match="single transform"):
+        ot.chained(optax.adam(1e-3))
+
+
+def test_gin_scoped_estimators_on_several_families():
+    """A mix of families in gin: one `estimator_on_family` per scope, each on its own family with
+    the run's learned optimizer, truncation schedule and meta-loss split (nothing is compiled)."""
+    gin.clear_config()
+    try:
+        gin.parse_config([
+            "gin_registry_probe.x = [@a/estimator_on_family, @b/estimator_on_family]",
+            "estimator_on_family.estimator = @TruncatedPES",
+            "TruncatedPES.num_tasks = 2", "TruncatedPES.trunc_length = 5",
+            "a/estimator_on_family.task_family = @a/QuadraticFamily()", "a/QuadraticFamily.dim = 3",
+            "b/estimator_on_family.task_family = @b/QuadraticFamily()", "b/QuadraticFamily.dim = 7",
+        ])
+        makers = probe()
+        base = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=5), lopt.LearnableSGD(), ot.ConstantTruncationSchedule(10))
+        ests = [make(base) for make in makers]
+    finally:
+        gin.clear_config()
+    assert [e.truncated_step.task_family.dim for e in ests] == [3, 7]
+    for e in ests:
+        assert isinstance(e, ot.TruncatedPES) and e.num_tasks == 2 and e.trunc_length == 5
+        assert e.truncated_step.learned_opt is base.learned_opt and e.truncated_step.trunc_sched is base.trunc_sched
+    with pytest.raises(TypeError, match="task_family must be a tasks.TaskFamily"):
+        ot.estimator_on_family(base, task_family="digits", estimator=ot.TruncatedPES)

@@ -1,5 +1,7 @@
 """scripts/evaluate.py: learned optimizer vs lr-tuned Adam and SGD-momentum -> CSV, PNG, Markdown."""
 import csv
+import json
+import os
 
 import gin
 import jax
@@ -17,34 +19,131 @@ def evaluate_script():
     gin.clear_config()
 
 
-def test_tiny_task_list_writes_csv_png_and_table(evaluate_script, tmp_path):
+def _theta(tmp_path):
     lo = lopt.LearnableSGD(0.1)
-    theta_path = str(tmp_path / "theta.msgpack")
-    lopt.save_theta(theta_path, lo, lo.init(jax.random.key(0)))
+    path = str(tmp_path / "theta.msgpack")
+    lopt.save_theta(path, lo, lo.init(jax.random.key(0)))
+    return path
+
+
+def _strict_json(path):
+    def refuse(name):
+        raise AssertionError(f"results.json holds {name}, which is not JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_tiny_task_list_writes_every_file_with_tuned_baselines(evaluate_script, tmp_path):
+    theta_path = _theta(tmp_path)
     out = tmp_path / "eval"
-    results = evaluate_script.main(["--theta", theta_path, "--task", "QuadraticFamily(dim=4)",
-                                    "--task", "RosenbrockTask", "--num_steps", "10", "--num_seeds", "2",
-                                    "--output_dir", str(out)])
-    assert set(results) == {"quadratic_dim4", "rosenbrock"}
+    res = evaluate_script.main(["--theta", theta_path, "--task", "QuadraticFamily(dim=4)", "--task", "RosenbrockTask",
+                                "--num_steps", "10", "--num_seeds", "2", "--baselines", "adam,sgdm",
+                                "--output_dir", str(out)])
+    assert set(res["results"]) == {"quadratic_dim4", "rosenbrock"}
+    doc = _strict_json(out / "results.json")
     rows = list(csv.DictReader(open(out / "results.csv")))
-    assert len(rows) == 2 * (1 + 7 + 7) * 2  # tasks x (learned + two 7-point lr grids) x seeds
-    assert {r["optimizer"] for r in rows} == {"learned", "adam", "sgdm"}
-    assert len({r["learning_rate"] for r in rows if r["optimizer"] == "adam"}) == 7
+    for task, entry in doc["tasks"].items():
+        assert entry["num_steps"] == 10 and entry["seeds"] == [0, 1] and entry["eval_split"] == "test"
+        for base in ("adam", "sgdm"):
+            b = entry["optimizers"][base]
+            lrs = b["learning_rates"]
+            assert len(lrs) >= 7 and lrs == sorted(lrs)  # the 7-point grid, perhaps extended
+            # the best rate is inside the grid, or the grid hit its extension cap (4 x 2 rates) and says so
+            assert b["grid_edge"] is None or len(lrs) == 7 + 2 * 4
+            assert b["best_learning_rate"] in lrs
+            assert len([r for r in rows if r["task"] == task and r["optimizer"] == base]) == 2 * len(lrs)
+        learned = entry["optimizers"]["learned"]
+        assert learned["learning_rates"] is None and len(learned["final_train"]) == 2
+        c = entry["comparisons"]["learned vs adam"]
+        if task == "rosenbrock":  # SGD at 0.1 blows up there: reported as diverged, never as a number
+            assert c["diverged"] and c["ratio_train"] is None and not c["win_train"] and c["speedup"] == 0.0
+            assert learned["every_rate_diverged"] and learned["final_train"] == [None, None]
+            continue
+        finals = [float(r["final_train_loss"]) for r in rows if r["task"] == task and r["optimizer"] == "learned"]
+        np.testing.assert_allclose(sorted(finals), sorted(learned["final_train"]), rtol=1e-5)
+        assert c["final_train"] == pytest.approx(np.median(learned["final_train"]))
+        assert c["baseline_final_train"] == pytest.approx(np.median(entry["optimizers"]["adam"]["final_train"]))
+        assert c["ratio_train"] == pytest.approx(c["final_train"] / c["baseline_final_train"])
+    s = doc["summary"]["learned vs adam"]
+    assert s["diverged"] == ["rosenbrock"] and s["iqm_ratio_train"] is None  # inf: one of two tasks diverged
+    assert s["num_tasks"] == 2 and s["wins_train"] == sum(
+        doc["tasks"][t]["comparisons"]["learned vs adam"]["win_train"] for t in doc["tasks"])
+    assert set(doc["summary"]) == {"learned vs adam", "learned vs sgdm"} and doc["cpu_seconds"] > 0
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = (out / "results.md").read_text()
-    for name in ("| quadratic_dim4 | learned |", "| quadratic_dim4 | adam |", "| rosenbrock | sgdm |"):
-        assert name in table
+    md = (out / "results.md").read_text()
+    assert "| learned vs adam | 2 |" in md and "| quadratic_dim4 | 10 | learned | — |" in md
+    assert "| rosenbrock | 10 | sgdm |" in md and "**learned vs sgdm**" in md
+    assert "| rosenbrock | diverged |" in md and "| learned vs adam | 2 | " in md and "| inf | " in md
     # A second evaluation into the same directory is refused and leaves the first one's files as they were.
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     args = ["--theta", theta_path, "--task", "QuadraticFamily(dim=4)", "--num_steps", "5", "--num_seeds", "1",
-            "--output_dir", str(out)]
+            "--baselines", "adam", "--output_dir", str(out)]
     gin.clear_config()
     with pytest.raises(ValueError, match=r"already holds the results of an evaluation \(results.csv, curves.png"):
         evaluate_script.main(args)
     assert {f.name: f.read_bytes() for f in out.iterdir()} == before
     gin.clear_config()
     evaluate_script.main(args + ["--overwrite"])
-    assert len(list(csv.DictReader(open(out / "results.csv")))) == (1 + 7 + 7) * 1
+    assert list(_strict_json(out / "results.json")["tasks"]) == ["quadratic_dim4"]
+
+
+def test_smoke_suite_brings_its_own_steps_and_seeds(evaluate_script, tmp_path):
+    from tasks import suites
+    out = tmp_path / "suite"
+    evaluate_script.main(["--suite", "smoke", "--optimizer", _theta(tmp_path), "--baselines", "adam",
+                          "--gin_param", "evaluate.max_extensions = 0", "--output_dir", str(out)])  # fewer compiles
+    doc = _strict_json(out / "results.json")
+    assert doc["suite"] == "smoke" and doc["optimizers"] == {"learned": str(tmp_path / "theta.msgpack")}
+    smoke = suites.get("smoke")
+    assert list(doc["tasks"]) == [t.name for t in smoke]
+    for t in smoke:
+        entry = doc["tasks"][t.name]
+        assert entry["num_steps"] == t.num_steps and entry["seeds"] == list(t.seeds)
+        assert entry["seconds"]["learned"] > 0 and entry["seconds"]["adam"] > 0
+        adam = entry["optimizers"]["adam"]
+        assert all(np.isfinite(adam["final_train"])) and np.median(adam["final_train"]) < np.median(
+            adam["initial_train"])  # tuned Adam trains every smoke task
+    assert doc["summary"]["learned vs adam"]["num_tasks"] == 3
+    assert "| learned vs adam | 3 |" in (out / "results.md").read_text()
+
+
+def test_pretrained_optimizers_are_loaded_with_the_task_horizon(evaluate_script, tmp_path, monkeypatch):
+    import optax
+    from lopt import pretrained
+    calls = []
+
+    def load(name, num_steps=None):
+        calls.append((name, num_steps))
+        return optax.sgd(0.05)
+
+    monkeypatch.setattr(pretrained, "names", lambda: ["tiny"], raising=False)
+    monkeypatch.setattr(pretrained, "load", load, raising=False)
+    with pytest.raises(ValueError, match=r"--optimizer pretrained:nope: no pretrained optimizer named 'nope'; "
+                                         r"lopt.pretrained.names\(\) = \['tiny'\]"):
+        evaluate_script.main(["--optimizer", "pretrained:nope", "--task", "QuadraticFamily(dim=2)",
+                              "--output_dir", str(tmp_path / "x")])
+    assert not (tmp_path / "x").exists()
+    gin.clear_config()
+    res = evaluate_script.main(["--optimizer", "pretrained:tiny", "--task", "QuadraticFamily(dim=2)", "--num_steps",
+                                "7", "--num_seeds", "1", "--baselines", "", "--output_dir", str(tmp_path / "p")])
+    assert set(calls) == {("tiny", 7)}
+    run = res["results"]["quadratic_dim2"][0]
+    assert run["optimizer"] == "pretrained:tiny" and run["losses"].shape == (1, 7)
+    assert run["losses"][0, -1] < run["losses"][0, 0]  # plain SGD 0.05 on a quadratic descends
+
+
+def test_a_suite_task_without_its_data_is_named_before_any_work(evaluate_script, tmp_path, monkeypatch):
+    from tasks import registry, suites
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("LOPT_DATA_DIR", raising=False)
+    monkeypatch.setattr(registry, "_CACHE", {})
+    mnist = [t for t in suites.get("heldout-cpu-mnist") if t.dataset == "mnist_14"][0]
+    monkeypatch.setitem(suites._SUITES, "only-mnist", (mnist,))
+    monkeypatch.setattr(evaluate_script, "run_task", lambda *a, **k: pytest.fail("trained despite missing data"))
+    if os.path.isdir("/usr/share/datasets/mnist"):
+        pytest.skip("MNIST files are installed system-wide here, so they cannot be missing")
+    with pytest.raises(ValueError, match=rf"suite 'only-mnist' task {mnist.name}: its data is missing: dataset 'mnist'"):
+        evaluate_script.main(["--suite", "only-mnist", "--optimizer", "adam", "--output_dir", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
 
 
 def test_bad_task_spec_is_reported(evaluate_script):
@@ -62,6 +161,10 @@ def test_bad_task_spec_is_reported(evaluate_script):
     (["--gin_param", "evaluate.sgdm_lrs = [0.1, 0.0]"], "sgdm_lrs must hold .* finite and > 0"),
     (["--gin_param", "evaluate.momentum = 1.0"], r"momentum must be in \[0, 1\)"),
     (["--gin_param", "evaluate.eval_split = 'valid'"], "eval_split 'valid' is not a split of"),
+    (["--baselines", "adam,rmsprop"], r"unknown baselines \['rmsprop'\] \(--baselines\)"),
+    (["--suite", "smoke"], r"give a suite \(--suite smoke\) or tasks \(--task\), not both"),
+    (["--optimizer", "/no/such/theta.msgpack"], "is neither a baseline .* nor an existing theta file"),
+    (["--gin_param", "evaluate.max_extensions = -1"], "max_extensions must be an integer >= 0"),
 ])
 def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_path, monkeypatch, flags, what):
     """--num_seeds 0 / --num_steps 0 used to crash after writing a partial results.csv."""
@@ -76,12 +179,18 @@ def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_
     assert not out.exists()
 
 
-def test_no_tasks_or_a_file_as_output_dir_is_refused(evaluate_script, tmp_path):
-    with pytest.raises(ValueError, match="no tasks"):
-        evaluate_script.check_arguments(str(tmp_path), [], 10, 1, (1e-3,), (1e-2,), 0.9, "test")
+def test_no_tasks_no_optimizer_an_unknown_suite_or_a_file_as_output_dir_is_refused(evaluate_script, tmp_path):
+    check = lambda out, opts, suite, tasks: evaluate_script.check_arguments(
+        out, opts, suite, tasks, 10, 1, ["adam"], {"adam": (1e-3,)}, 0.9, "test")
+    with pytest.raises(ValueError, match=r"no tasks; give --suite NAME \(one of \[.*'smoke'"):
+        check(str(tmp_path), ["adam"], None, [])
+    with pytest.raises(ValueError, match="no optimizer to evaluate; give --optimizer"):
+        check(str(tmp_path), [], "smoke", [])
+    with pytest.raises(ValueError, match="unknown suite 'nope'"):
+        check(str(tmp_path), ["adam"], "nope", [])
     (tmp_path / "f").write_text("x")
     with pytest.raises(ValueError, match="is a file, not a directory"):
-        evaluate_script.check_arguments(str(tmp_path / "f"), [], 10, 1, (1e-3,), (1e-2,), 0.9, "test")
+        check(str(tmp_path / "f"), ["adam"], "smoke", [])
 
 
 def test_table_marks_an_optimizer_whose_every_setting_diverged(evaluate_script):
@@ -91,8 +200,8 @@ def test_table_marks_an_optimizer_whose_every_setting_diverged(evaluate_script):
     results = {"t": [run("learned", float("nan"), 1.0), run("adam", 1e-3, np.nan), run("adam", 1e-2, np.inf),
                       run("sgdm", 1e-2, 2.0)]}
     table = evaluate_script.markdown_table(results, 10)
-    assert "| t | adam | 0.001 (every setting diverged) |" in table
-    assert "| t | learned | — |" in table and "| t | sgdm | 0.01 |" in table
+    assert "| t | 10 | adam | 0.001 (every setting diverged) |" in table
+    assert "| t | 10 | learned | — |" in table and "| t | 10 | sgdm | 0.01 |" in table
 
 
 def test_curves_of_positive_losses_get_a_log_axis_with_a_positive_bottom(evaluate_script, tmp_path, monkeypatch):
@@ -110,3 +219,7 @@ def test_curves_of_positive_losses_get_a_log_axis_with_a_positive_bottom(evaluat
     assert ax.get_yscale() == "log"
     bottom, top = ax.get_ylim()
     assert 0 < bottom < losses.min() and top == pytest.approx(10 * 2 * np.median(losses[:, 0]))
+    saturated = losses.copy()
+    saturated[:, -3:] = 0.0  # a cross-entropy that reached exactly 0 keeps the log axis (clipped)
+    evaluate_script.plot_curves(str(tmp_path / "zero.png"), {"q": [{**runs[0], "losses": saturated}]})
+    assert figures[1].axes[0].get_yscale() == "log" and figures[1].axes[0].get_ylim()[0] > 0

@@ -1,0 +1,267 @@
+"""NormMLPLOpt: a normalized per-parameter MLP update with a learned, bounded step size.
+
+In the style of Celo (a learned global step size through an exponential, read from task-agnostic
+features) and Celo2 (a normalized MLP update rule, optionally orthogonalized), written for lopt;
+not a reproduction of either. Per parameter tensor p with gradient g, float32 accumulators:
+
+    m_k ← β_k m_k + (1 − β_k) g        β in `decays` (default 0.5, 0.9, 0.99, 0.999)
+    v   ← β_v v + (1 − β_v) g²          β_v = `rms_decay`
+
+Direction. The Adam direction a = m̂ / (√v̂ + ε) (m̂, v̂ bias-corrected; m the momentum whose decay
+is closest to 0.9) plus a learned residual r from a per-parameter MLP:
+
+    x = [g, p, m_1..m_K, √v, g/√(v+ε), m_0.9/√(v+ε)]   each divided by its RMS over the tensor (F = K + 5)
+    r = MLP(x; first-layer bias b + emb(t) W_time)      hidden ReLU layers, one output
+    u = a + r                                          (with `residual_bound` B > 0: u = a + B tanh(r / B))
+
+Normalization (Celo2-style). With `orthogonalize`, u of every 2-D tensor (both sides > 1) is
+first replaced by its Newton–Schulz orthogonalization (optax's `scale_by_muon`, momentum 0).
+Then u is scaled to unit RMS over the tensor and clipped elementwise (with `normalize_update`;
+without it, only clipped, so Adam's elementwise magnitudes, small where the gradient is noisy, are kept):
+
+    û = clip(u / (rms(u) + ε), −c, c)       c = `clip_value`      (or clip(u, −c, c))
+
+Step size (Celo-style, learned and bounded). A small MLP reads the tensor-constant context
+z = [emb(t) (T), progress(t, N) (3), loss features (2)] and emits s ∈ R², one value for
+matrices (ndim ≥ 2) and one for the other tensors; each is squashed, so that
+
+    η_i = exp(log(`base_lr`) + `log_lr_range` · tanh(s_i)) ∈ [base_lr · e^−range, base_lr · e^range]
+    Δp  = −η_kind(p) · û
+
+The last layers of both MLPs start at zero (the step-size head) or small (the residual,
+× `residual_init`), so a fresh theta is normalized Adam at `base_lr`: a small, safe optimizer.
+No theta can make an element's step larger than base_lr · e^range · c.
+
+With `vector_rule="adam"` (Celo2's deployment: Adam for 1-D parameters), tensors of ndim < 2
+skip the MLP and the normalization: Δp = −η_vector · a.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopt import features as ft
+from lopt.base import LearnedOptimizer
+from lopt.nn import dense_init
+
+DECAYS = (0.5, 0.9, 0.99, 0.999)
+VECTOR_RULES = ("learned", "adam")
+
+
+class NormMLPLOptState(NamedTuple):
+    """NormMLPLOpt's optimizer state.
+
+    Attributes:
+      momenta: per leaf, float32 [K, *p.shape]: the momenta m_k.
+      second_moment: per leaf, float32 [*p.shape]: v.
+      iteration: int32 []: the number of updates so far.
+      loss_state: float32 [2]: the loss EMA state of `features.loss_features`.
+    """
+    momenta: Any
+    second_moment: Any
+    iteration: jax.Array
+    loss_state: jax.Array
+
+
+def _rms(x: jax.Array) -> jax.Array:
+    return jnp.sqrt(jnp.mean(jnp.square(x)))
+
+
+class NormMLPLOpt(LearnedOptimizer):
+    """Normalized Adam-plus-learned-residual update with a learned, bounded step size.
+
+    The math is in the module docstring. Theta: {"mlp": {"input": {"w" [F, H], "w_time" [T, H],
+    "b" [H]}, "hidden_i": {"w" [H, H], "b" [H]} for i in 1..hidden_layers-1, "output": {"w" [H, 1],
+    "b" [1]}}, "lr": {"hidden": {"w" [C, L], "b" [L]}, "output": {"w" [L, 2], "b" [2]}}} with
+    F = len(decays) + 5, T = len(timescales), C = T + 5 and L = `lr_hidden_size`.
+
+    Args:
+      hidden_size: H, the width of the per-parameter MLP's hidden layers.
+      hidden_layers: the number of hidden ReLU layers of the per-parameter MLP (≥ 1).
+      decays: the momentum decays β_k (one must be the "0.9" momentum of the Adam direction: the
+        closest to 0.9 is used).
+      rms_decay: β_v of the second moment v.
+      base_lr: the step size of a fresh theta (η at s = 0).
+      log_lr_range: the bound of the learned log step size around log(base_lr) (> 0).
+      clip_value: c, the elementwise bound of the normalized update û.
+      residual_init: the scale of the residual MLP's initial output layer.
+      lr_hidden_size: L, the hidden width of the step-size MLP.
+      timescales: τ of the step embedding tanh(t/τ − 1).
+      use_num_steps: feed the progress features (min(t/N, 1), log1p(N)/10, 1) to the step-size
+        MLP; N is `opt_fn`'s `num_steps` (zeros when it is None).
+      orthogonalize: Newton–Schulz-orthogonalize the direction of 2-D tensors before normalizing.
+      vector_rule: "learned" (every tensor gets the learned rule) or "adam" (tensors of ndim < 2
+        take the plain Adam direction at their learned step size).
+      normalize_update: scale each tensor's direction to unit RMS before clipping (Celo2-style);
+        False keeps the direction's own elementwise magnitudes.
+      residual_bound: B > 0 bounds the learned residual to B·tanh(r / B), inside (−B, B), so no theta moves
+        the direction far from Adam's; 0 leaves it unbounded.
+    """
+
+    def __init__(self, hidden_size: int = 16, hidden_layers: int = 1, decays: Sequence[float] = DECAYS,
+                 rms_decay: float = 0.999, base_lr: float = 3e-3, log_lr_range: float = 5.0,
+                 clip_value: float = 5.0, residual_init: float = 0.1, lr_hidden_size: int = 16,
+                 timescales: Sequence[float] = ft.TIMESCALES, use_num_steps: bool = True,
+                 orthogonalize: bool = False, vector_rule: str = "learned", normalize_update: bool = True,
+                 residual_bound: float = 0.0):
+        if hidden_layers < 1 or hidden_size < 1 or lr_hidden_size < 1:
+            raise ValueError(f"NormMLPLOpt needs hidden_layers, hidden_size, lr_hidden_size >= 1, got "
+                             f"{hidden_layers}, {hidden_size}, {lr_hidden_size}")
+        if not decays:
+            raise ValueError("NormMLPLOpt needs at least one momentum decay")
+        if not all(0.0 <= float(d) < 1.0 for d in (*decays, rms_decay)):
+            raise ValueError(f"decays and rms_decay must lie in [0, 1), got {tuple(decays)}, {rms_decay}")
+        if not (base_lr > 0 and log_lr_range > 0 and clip_value > 0):
+            raise ValueError(f"base_lr, log_lr_range and clip_value must be > 0, got {base_lr}, {log_lr_range}, "
+                             f"{clip_value}")
+        if vector_rule not in VECTOR_RULES:
+            raise ValueError(f"unknown vector_rule {vector_rule!r}; known: {VECTOR_RULES}")
+        self.hidden_size, self.hidden_layers = int(hidden_size), int(hidden_layers)
+        self.decays = tuple(float(d) for d in decays)
+        self.rms_decay = float(rms_decay)
+        self.base_lr, self.log_lr_range, self.clip_value = float(base_lr), float(log_lr_range), float(clip_value)
+        self.residual_init = float(residual_init)
+        self.lr_hidden_size = int(lr_hidden_size)
+        self.timescales = tuple(float(t) for t in timescales)
+        self.use_num_steps = bool(use_num_steps)
+        self.orthogonalize = bool(orthogonalize)
+        self.vector_rule = str(vector_rule)
+        self.normalize_update = bool(normalize_update)
+        if residual_bound < 0:
+            raise ValueError(f"residual_bound must be >= 0 (0: unbounded), got {residual_bound}")
+        self.residual_bound = float(residual_bound)
+        self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
+
+    @property
+    def num_features(self) -> int:
+        """F = K + 5, the number of per-parameter features."""
+        return len(self.decays) + 5
+
+    @property
+    def num_context(self) -> int:
+        """C = T + 5, the inputs of the step-size MLP (step embedding, progress, loss features)."""
+        return len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
+
+    def config(self) -> dict:
+        return dict(hidden_size=self.hidden_size, hidden_layers=self.hidden_layers, decays=list(self.decays),
+                    rms_decay=self.rms_decay, base_lr=self.base_lr, log_lr_range=self.log_lr_range,
+                    clip_value=self.clip_value, residual_init=self.residual_init,
+                    lr_hidden_size=self.lr_hidden_size, timescales=list(self.timescales),
+                    use_num_steps=self.use_num_steps, orthogonalize=self.orthogonalize,
+                    vector_rule=self.vector_rule, normalize_update=self.normalize_update,
+                    residual_bound=self.residual_bound)
+
+    def init(self, key: jax.Array) -> dict:
+        """Initial theta: normalized Adam at `base_lr` plus a small random residual.
+
+        Args:
+          key: PRNG key.
+
+        Returns:
+          theta (see the class docstring); the step-size head's output layer is zero.
+        """
+        k_in, k_hidden, k_out, k_lr = jax.random.split(key, 4)
+        t = len(self.timescales)
+        first = dense_init(k_in, self.num_features + t, self.hidden_size)
+        mlp = {"input": {"w": first["w"][:self.num_features], "w_time": first["w"][self.num_features:],
+                         "b": first["b"]}}
+        for i, k in enumerate(jax.random.split(k_hidden, self.hidden_layers - 1), start=1):
+            mlp[f"hidden_{i}"] = dense_init(k, self.hidden_size, self.hidden_size)
+        out = dense_init(k_out, self.hidden_size, 1)
+        mlp["output"] = {"w": out["w"] * self.residual_init, "b": out["b"]}
+        lr = {"hidden": dense_init(k_lr, self.num_context, self.lr_hidden_size),
+              "output": {"w": jnp.zeros((self.lr_hidden_size, 2), jnp.float32), "b": jnp.zeros((2,), jnp.float32)}}
+        return {"mlp": mlp, "lr": lr}
+
+    def step_sizes(self, theta: dict, iteration: jax.Array, num_steps: Optional[Any], loss_feats: jax.Array):
+        """The learned step sizes (η_matrix, η_vector) at step t.
+
+        Args:
+          theta: meta-parameters.
+          iteration: t, int32 [].
+          num_steps: the horizon N (may be traced or None); ignored unless `use_num_steps`.
+          loss_feats: float32 [2], from `features.loss_features`.
+
+        Returns:
+          float32 [2]: base_lr · exp(log_lr_range · tanh(s)).
+        """
+        progress = ft.progress_features(iteration, num_steps if self.use_num_steps else None)
+        z = jnp.concatenate([ft.step_embedding(iteration, self.timescales), progress, loss_feats])
+        h = jax.nn.relu(z @ theta["lr"]["hidden"]["w"] + theta["lr"]["hidden"]["b"])
+        s = h @ theta["lr"]["output"]["w"] + theta["lr"]["output"]["b"]
+        return self.base_lr * jnp.exp(self.log_lr_range * jnp.tanh(s))
+
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
+               is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        del is_training
+        self.check_theta(theta, "NormMLPLOpt.opt_fn")
+        decays = jnp.asarray(self.decays, jnp.float32)
+        mlp = theta["mlp"]
+        # momentum 0: scale_by_muon is then the Newton–Schulz orthogonalization of its input matrix
+        ortho = optax.contrib.scale_by_muon(
+            beta=0.0, nesterov=False,
+            weight_dimension_numbers=optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=1))
+
+        def init_fn(params):
+            k = len(self.decays)
+            momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((k,) + jnp.shape(p), jnp.float32), params)
+            second = jax.tree_util.tree_map(ft.zeros_like_f32, params)
+            return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state())
+
+        def residual(feats: list, bias: jax.Array) -> jax.Array:
+            """feats: F arrays [n] -> r [n], each feature divided by its RMS over the tensor."""
+            x = jnp.stack([f * jax.lax.rsqrt(jnp.mean(jnp.square(f)) + ft.EPS) for f in feats], axis=-1)
+            h = jax.nn.relu(x @ mlp["input"]["w"] + bias)
+            for i in range(1, self.hidden_layers):
+                h = jax.nn.relu(h @ mlp[f"hidden_{i}"]["w"] + mlp[f"hidden_{i}"]["b"])
+            return (h @ mlp["output"]["w"] + mlp["output"]["b"])[:, 0]
+
+        def update_leaf(g, p, m, v, t, bias, lrs):
+            shape, k = jnp.shape(p), len(self.decays)
+            n = math.prod(shape)
+            if n == 0:
+                return jnp.zeros_like(p), m, v
+            g32, p32 = jnp.asarray(g, jnp.float32).reshape(-1), jnp.asarray(p, jnp.float32).reshape(-1)
+            b = decays[:, None]
+            m = b * m.reshape(k, n) + (1.0 - b) * g32
+            v = self.rms_decay * v.reshape(-1) + (1.0 - self.rms_decay) * jnp.square(g32)
+            t1 = (t + 1).astype(jnp.float32)
+            m_hat = m[self._mom_idx] / (1.0 - self.decays[self._mom_idx] ** t1)
+            v_hat = v / (1.0 - self.rms_decay ** t1)
+            adam = m_hat / (jnp.sqrt(v_hat) + 1e-8)
+            is_matrix = len(shape) >= 2
+            lr = lrs[0] if is_matrix else lrs[1]
+            if not is_matrix and self.vector_rule == "adam":
+                step = lr * adam
+            else:
+                rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
+                feats = [g32, p32, *m, jnp.sqrt(v), g32 * rsqrt_v, m[self._mom_idx] * rsqrt_v]
+                r = residual(feats, bias)
+                if self.residual_bound > 0:
+                    r = self.residual_bound * jnp.tanh(r / self.residual_bound)
+                u = adam + r
+                if self.orthogonalize and len(shape) == 2 and min(shape) > 1:
+                    mat = u.reshape(shape)
+                    u = ortho.update(mat, ortho.init(mat))[0].reshape(-1)
+                if self.normalize_update:
+                    u = u / (_rms(u) + 1e-8)
+                u = jnp.clip(u, -self.clip_value, self.clip_value)
+                step = lr * u
+            return ((-step).reshape(shape).astype(jnp.result_type(p)), m.reshape((k,) + shape), v.reshape(shape))
+
+        def update_fn(updates, state, params=None, **extra_args):
+            ft.require_params(updates, params, "NormMLPLOpt")
+            loss_feats, loss_state = ft.loss_features(extra_args.get("loss"), state.loss_state)
+            t = state.iteration
+            lrs = self.step_sizes(theta, t, num_steps, loss_feats)
+            bias = mlp["input"]["b"] + ft.step_embedding(t, self.timescales) @ mlp["input"]["w_time"]
+            treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
+            leaves = [update_leaf(g, p, m, v, t, bias, lrs) for g, p, m, v in zip(gs, ps, ms, vs)]
+            new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
+            return new_updates, NormMLPLOptState(momenta, second, t + 1, loss_state)
+
+        return optax.GradientTransformationExtraArgs(init_fn, update_fn)

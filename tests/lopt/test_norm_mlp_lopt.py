@@ -1,0 +1,137 @@
+"""NormMLPLOpt: the numbers of its update rule (the common contract is in test_architectures.py)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lopt
+
+TINY = dict(hidden_size=4, lr_hidden_size=4, decays=(0.9,))
+
+
+def _first_update(lo, theta, params, grads, **kw):
+    tx = lo.opt_fn(theta, **kw)
+    return tx.update(grads, tx.init(params), params)[0]
+
+
+def test_fresh_theta_is_normalized_adam_at_base_lr():
+    """With the residual MLP's output zeroed, a fresh theta's first step is −base_lr · sign(g)
+    renormalized: Adam's first direction is g/|g| (bias-corrected), already of unit RMS."""
+    lo = lopt.NormMLPLOpt(base_lr=0.01, **TINY)
+    theta = lo.init(jax.random.key(0))
+    theta["mlp"]["output"]["w"] = jnp.zeros_like(theta["mlp"]["output"]["w"])
+    params = {"w": jnp.ones((4, 3)), "b": jnp.zeros((3,))}
+    grads = {"w": jnp.arange(12.0).reshape(4, 3) - 5.5, "b": jnp.asarray([0.5, -2.0, 3.0])}
+    u = _first_update(lo, theta, params, grads, num_steps=100)
+    np.testing.assert_allclose(u["w"], -0.01 * np.sign(grads["w"]), rtol=1e-4)
+    np.testing.assert_allclose(u["b"], -0.01 * np.sign(grads["b"]), rtol=1e-4)
+
+
+def test_update_rms_is_the_learned_step_size_and_bounded():
+    """Every learned-rule tensor's update has RMS η (before clipping binds); η stays inside
+    [base_lr·e^−range, base_lr·e^range] however large the step-size head's output."""
+    lo = lopt.NormMLPLOpt(base_lr=1e-3, log_lr_range=2.0, **TINY)
+    theta = lo.init(jax.random.key(1))
+    params = {"w": jax.random.normal(jax.random.key(2), (8, 6))}
+    grads = {"w": jax.random.normal(jax.random.key(3), (8, 6))}
+    u = _first_update(lo, theta, params, grads)
+    np.testing.assert_allclose(float(jnp.sqrt(jnp.mean(u["w"] ** 2))), 1e-3, rtol=1e-3)
+    for sign in (1.0, -1.0):
+        big = jax.tree_util.tree_map(lambda x: x, theta)
+        big["lr"]["output"]["b"] = jnp.full((2,), sign * 1e4)
+        lrs = lo.step_sizes(big, jnp.asarray(0), None, jnp.zeros(2))
+        np.testing.assert_allclose(lrs, 1e-3 * np.exp(sign * 2.0), rtol=1e-5)
+        step = _first_update(lo, big, params, grads)["w"]
+        assert float(jnp.abs(step).max()) <= 1e-3 * np.exp(sign * 2.0) * lo.clip_value * (1 + 1e-5)
+
+
+def test_orthogonalize_gives_equal_singular_values_and_vector_rule_adam():
+    """With `orthogonalize`, a matrix update's singular values are all close to one another (Newton–
+    Schulz, optax's): without it, this gradient's first step (≈ sign(g)) has singular values spread
+    over two orders of magnitude. With vector_rule="adam", a vector's first step is −η · sign(g),
+    not renormalized."""
+    lo = lopt.NormMLPLOpt(orthogonalize=True, vector_rule="adam", base_lr=0.1, **TINY)
+    plain = lopt.NormMLPLOpt(base_lr=0.1, **TINY)
+    theta = lo.init(jax.random.key(0))
+    params = {"w": jnp.zeros((6, 4)), "b": jnp.zeros((2,))}
+    g = jax.random.normal(jax.random.key(1), (6, 4))
+    grads = {"w": g, "b": jnp.asarray([1e-3, -5.0])}
+    s_ortho = jnp.linalg.svd(_first_update(lo, theta, params, grads)["w"], compute_uv=False)
+    s_plain = jnp.linalg.svd(_first_update(plain, theta, params, grads)["w"], compute_uv=False)
+    assert float(s_ortho[0] / s_ortho[-1]) < 2.0 and float(s_plain[0] / s_plain[-1]) > 50.0
+    np.testing.assert_allclose(_first_update(lo, theta, params, grads)["b"], [-0.1, 0.1], rtol=1e-3)
+
+
+def test_learns_step_size_schedule_inputs():
+    """The step size depends on progress t/N (with use_num_steps) and ignores N without it."""
+    theta = lopt.NormMLPLOpt(**TINY).init(jax.random.key(0))
+    theta["lr"]["output"]["w"] = jnp.ones_like(theta["lr"]["output"]["w"])
+    with_n, without_n = lopt.NormMLPLOpt(**TINY), lopt.NormMLPLOpt(use_num_steps=False, **TINY)
+    t = jnp.asarray(50)
+    assert not np.allclose(with_n.step_sizes(theta, t, 100, jnp.zeros(2)), with_n.step_sizes(theta, t, 1000, jnp.zeros(2)))
+    np.testing.assert_array_equal(without_n.step_sizes(theta, t, 100, jnp.zeros(2)),
+                                  without_n.step_sizes(theta, t, 1000, jnp.zeros(2)))
+
+
+def test_fresh_theta_trains_a_quadratic_and_does_not_diverge_long():
+    """A fresh theta is a small, safe optimizer: 4000 steps on an ill-conditioned quadratic
+    reduce the loss by orders of magnitude and stay finite."""
+    lo = lopt.NormMLPLOpt(**TINY)
+    tx = lo.opt_fn(lo.init(jax.random.key(0)), num_steps=4000)
+    scales = jnp.logspace(-2, 2, 20)
+    loss_fn = lambda p: 0.5 * jnp.sum(scales * jnp.square(p["x"] - 1.0))
+    params = {"x": jnp.zeros(20)}
+
+    def step(carry, _):
+        params, state = carry
+        loss, g = jax.value_and_grad(loss_fn)(params)
+        u, state = tx.update(g, state, params, loss=loss)
+        return (optax.apply_updates(params, u), state), loss
+
+    (params, _), losses = jax.jit(lambda c: jax.lax.scan(step, c, None, length=4000))((params, tx.init(params)))
+    assert np.all(np.isfinite(losses))
+    assert float(losses[-1]) < 1e-2 * float(losses[0])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(vector_rule="sgd"), "unknown vector_rule 'sgd'"),
+    (dict(base_lr=0.0), "base_lr"),
+    (dict(decays=(0.9, 1.0)), "decays"),
+    (dict(hidden_layers=0), "hidden_layers"),
+])
+def test_bad_config_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        lopt.NormMLPLOpt(**kwargs)
+
+
+def test_without_normalization_a_fresh_theta_is_adam():
+    """normalize_update=False, residual zeroed: the updates of 3 steps are optax.adam(base_lr)'s
+    (optax.scale_by_adam's bias-corrected m̂/(√v̂ + ε), β = 0.9, 0.999), the step-size head
+    starting at exactly base_lr."""
+    lo = lopt.NormMLPLOpt(base_lr=0.02, normalize_update=False, **TINY)
+    theta = lo.init(jax.random.key(0))
+    theta["mlp"]["output"]["w"] = jnp.zeros_like(theta["mlp"]["output"]["w"])
+    ref = optax.adam(0.02, b1=0.9, b2=0.999, eps=1e-8)
+    tx = lo.opt_fn(theta, num_steps=10)
+    params = {"w": jax.random.normal(jax.random.key(5), (5, 3)), "b": jnp.zeros((3,))}
+    s, r = tx.init(params), ref.init(params)
+    for i in range(3):
+        g = jax.tree_util.tree_map(lambda p: jnp.sin(3.0 * p + i) + 0.1 * i, params)
+        u, s = tx.update(g, s, params)
+        want, r = ref.update(g, r, params)
+        np.testing.assert_allclose(u["w"], want["w"], rtol=2e-4, atol=1e-7)
+        np.testing.assert_allclose(u["b"], want["b"], rtol=2e-4, atol=1e-7)
+        params = optax.apply_updates(params, u)
+
+
+def test_residual_bound_keeps_the_direction_near_adam():
+    """With residual_bound B, however large the residual MLP's output, each element of the
+    unnormalized direction stays within B of Adam's (here the first step: Adam's is sign(g))."""
+    lo = lopt.NormMLPLOpt(base_lr=1.0, normalize_update=False, residual_bound=0.5, clip_value=100.0, **TINY)
+    theta = lo.init(jax.random.key(0))
+    theta["mlp"]["output"]["b"] = jnp.full((1,), 1e3)
+    params = {"w": jax.random.normal(jax.random.key(6), (4, 4))}
+    grads = {"w": jax.random.normal(jax.random.key(7), (4, 4))}
+    u = _first_update(lo, theta, params, grads)["w"]
+    np.testing.assert_allclose(-u, np.sign(grads["w"]) + 0.5, atol=1e-4)

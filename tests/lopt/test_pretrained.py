@@ -1,0 +1,120 @@
+"""lopt.pretrained: a shipped optimizer's files load, carry the config of their recorded gin recipe,
+pass their checksum, and train a held-out task (not one of the recipe's) below its initial loss.
+
+`check_shipped` is the contract every shipped optimizer meets. It runs on every name the package
+ships, and on a stand-in package directory built here from the committed recipe and a freshly
+initialised theta, so the machinery is tested whether or not a meta-trained theta is shipped.
+"""
+import hashlib
+import json
+import os
+
+import gin
+import jax
+import numpy as np
+import optax
+import pytest
+
+import lopt
+from outer_trainers import gin_registry  # noqa: F401  (registers lopt's names with gin)
+from tasks import suites
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RECIPE = "normmlp_v1"  # scripts/configs/pretrained_normmlp_v1.gin
+
+
+def check_shipped(name: str, meta_trained: bool = True) -> None:
+    """The contract of a shipped optimizer (see the module docstring)."""
+    record = lopt.pretrained.info(name)
+    for key in lopt.pretrained.REQUIRED_INFO:
+        assert record[key] not in (None, "", [], {}), key
+    # the recipe in scripts/configs is the recorded one, so the one documented command re-creates it
+    with open(os.path.join(ROOT, "scripts", "configs", f"pretrained_{name}.gin"), encoding="utf-8") as f:
+        assert f.read() == record["gin_config"]
+    assert f"--gin_file scripts/configs/pretrained_{name}.gin" in record["command"]
+    learned_opt, theta = lopt.pretrained.load_learned_optimizer_by_name(name)
+    assert learned_opt.name == record["architecture"] and learned_opt.config() == record["config"]
+    gin.clear_config()  # the architecture the recipe's bindings build is the one in the file
+    try:
+        gin.parse_config(record["gin_config"], skip_unknown=True)
+        built = lopt.architecture(record["architecture"])(**gin.get_bindings(record["architecture"]))
+    finally:
+        gin.clear_config()
+    assert built.config() == learned_opt.config()
+    if meta_trained:  # not an initial theta
+        fresh = learned_opt.init(jax.random.key(0))
+        assert any(not np.allclose(a, b) for a, b in zip(jax.tree_util.tree_leaves(theta),
+                                                          jax.tree_util.tree_leaves(fresh)))
+    # a held-out task: the smoke suite's digits MLP (width 16, tanh, batch 32), 60 steps
+    spec = next(t for t in suites.get("smoke") if t.kind == "image_mlp")
+    family = spec.build()
+    task = family.task_fn(family.sample(jax.random.key(0)))
+    tx = lopt.pretrained.load(name, num_steps=spec.num_steps)
+    params, state = task.init_with_state(jax.random.key(1))
+
+    def step(carry, key):
+        params, state, opt_state = carry
+        batch = task.data.batch(key, "train")
+        (loss, state), g = jax.value_and_grad(task.loss_with_state, has_aux=True)(params, state, key, batch)
+        u, opt_state = tx.update(g, opt_state, params, loss=loss)
+        return (optax.apply_updates(params, u), state, opt_state), loss
+
+    keys = jax.random.split(jax.random.key(2), spec.num_steps)
+    _, losses = jax.jit(lambda c: jax.lax.scan(step, c, keys))((params, state, tx.init(params)))
+    losses = np.asarray(losses)
+    assert np.all(np.isfinite(losses))
+    assert losses[-5:].mean() < 0.8 * losses[:5].mean(), (losses[:5], losses[-5:])
+
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """lopt.pretrained reading a directory that ships RECIPE with a fresh theta of its config."""
+    gin.clear_config()
+    with open(os.path.join(ROOT, "scripts", "configs", f"pretrained_{RECIPE}.gin"), encoding="utf-8") as f:
+        text = f.read()
+    try:
+        gin.parse_config(text, skip_unknown=True)
+        learned_opt = lopt.NormMLPLOpt(**gin.get_bindings("NormMLPLOpt"))
+    finally:
+        gin.clear_config()
+    path = tmp_path / f"{RECIPE}.msgpack"
+    lopt.save_theta(str(path), learned_opt, learned_opt.init(jax.random.key(0)))
+    record = {"name": RECIPE, "architecture": learned_opt.name, "config": learned_opt.config(), "gin_config": text,
+              "command": f"python scripts/outer_train.py --gin_file scripts/configs/pretrained_{RECIPE}.gin "
+                         f"--output_dir RUN_DIR", "git_commit": "test", "meta_training_steps": 0,
+              "meta_training_hours": 0.0, "hardware": "test", "suite_summary": {"note": "a fresh theta, not meta-trained"},
+              "licence": "same licence as lopt", "theta_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+    (tmp_path / f"{RECIPE}.json").write_text(json.dumps(record))
+    monkeypatch.setattr(lopt.pretrained, "_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_shipped_optimizers_meet_the_contract():
+    """Every NAME.msgpack ships with its NAME.json and meets the contract (none ships in this version)."""
+    files = os.listdir(os.path.dirname(lopt.pretrained.__file__))
+    data = sorted(os.path.splitext(f)[0] for f in files if f.endswith((".msgpack", ".json")))
+    assert data == sorted(n for n in lopt.pretrained.names() for _ in range(2)), f"unpaired files: {data}"
+    for name in lopt.pretrained.names():
+        check_shipped(name)
+
+
+def test_stand_in_meets_the_contract_through_the_api(stand_in):
+    assert lopt.pretrained.names() == [RECIPE]
+    check_shipped(RECIPE, meta_trained=False)
+
+
+def test_unknown_name_missing_horizon_and_damaged_file_are_refused(stand_in):
+    with pytest.raises(ValueError, match=f"unknown pretrained optimizer 'nope'; known: '{RECIPE}'"):
+        lopt.pretrained.load("nope")
+    with pytest.raises(ValueError, match="unknown pretrained optimizer"):
+        lopt.pretrained.info("nope")
+    with pytest.raises(ValueError, match="pass num_steps="):
+        lopt.pretrained.load(RECIPE)  # its step-size schedule reads the training progress
+    with pytest.raises(ValueError, match="positive int"):
+        lopt.pretrained.load(RECIPE, num_steps=0)
+    path = stand_in / f"{RECIPE}.msgpack"
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="damaged or was replaced"):
+        lopt.pretrained.load(RECIPE, num_steps=10)

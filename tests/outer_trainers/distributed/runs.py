@@ -1,0 +1,35 @@
+"""Picklable run descriptions for the distributed tests (module-level, so Ray workers import them)."""
+import optax
+
+import lopt
+import outer_trainers as ot
+import tasks
+
+
+def quadratic_run(dim: int = 4, num_estimators: int = 2, lr: float = 0.05, std: float = 0.05, trunc_length: int = 5,
+                  num_tasks: int = 4, episode: int = 20):
+    """(GradientLearner, [TruncatedPES, ...]) on QuadraticFamily(dim) with LearnableAdam: a tiny, fast run."""
+    family = tasks.QuadraticFamily(dim=dim)
+    lo = lopt.LearnableAdam(1e-2)
+    step = ot.LOptTruncatedStep(family, lo, ot.ConstantTruncationSchedule(episode))
+    ests = [ot.TruncatedPES(step, num_tasks, trunc_length, std=std, random_initial_iteration_offset=episode // 2)
+            for _ in range(num_estimators)]
+    return ot.GradientLearner(lo, optax.adam(lr)), ests
+
+
+def pbt_run(config: dict):
+    """`quadratic_run` with the trial's outer learning rate and σ."""
+    return quadratic_run(lr=config["outer_lr"], std=config["std"], num_estimators=1)
+
+
+def quadratic_evaluator():
+    """A MetaEvaluator of LearnableAdam on 2 held-out quadratics (dim 4) for 20 steps."""
+    return ot.MetaEvaluator(lopt.LearnableAdam(1e-2), tasks.QuadraticFamily(dim=4), num_tasks=2, num_steps=20, seed=3)
+
+
+def fails_on_workers(driver_pid: int):
+    """`quadratic_run()` in the driver's process; raises in any other (a worker that cannot build the run)."""
+    import os
+    if os.getpid() != driver_pid:
+        raise RuntimeError("this run cannot be built here")
+    return quadratic_run(num_estimators=1)
