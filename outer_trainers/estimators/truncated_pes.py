@@ -188,20 +188,23 @@ class TruncatedPES(AntitheticTruncatedEstimator):
 
     @property
     def num_devices(self) -> int:
-        """The devices the pairs are sharded over (with `num_devices=None`, known once a state exists:
-        `mesh` is then dropped for small particles)."""
+        """The devices the pairs may be sharded over (with `num_devices=None`, particles smaller than
+        `SHARD_MIN_SIZE` state elements still stay on one device: `shards(inner_state)`)."""
         return 1 if self.mesh is None else self.mesh.shape[D.AXIS]
 
-    def _use_mesh(self, inner_state) -> bool:
-        if self.mesh is not None and self._auto_devices and particle_size(inner_state) < SHARD_MIN_SIZE:
-            self.mesh = None  # trace-time decision from static shapes: small particles stay on one device
-        return self.mesh is not None
+    def shards(self, inner_state) -> bool:
+        """Whether a truncation over `inner_state` (the pairs' states) runs sharded: a pure function
+        of the static shapes, decided at trace time (small particles stay on one device unless
+        `num_devices` was given explicitly)."""
+        if self.mesh is None:
+            return False
+        return not (self._auto_devices and particle_size(inner_state) < SHARD_MIN_SIZE)
 
     def _init_state(self, theta, key, outer_state, data):
         particles = self._init_particles(theta, key, outer_state, data)
         acc = jax.tree_util.tree_map(lambda t: jnp.zeros((self.num_tasks,) + jnp.shape(t), jnp.result_type(t)), theta)
         state = PESState(U.tile(particles, 2), acc)
-        if not self._use_mesh(state.inner_state):
+        if not self.shards(state.inner_state):
             return state
         # [2N] (+ halves, then − halves) sharded so that pair i's two halves live on one device
         pm = jax.tree_util.tree_map(lambda x: x.reshape((2, self.num_tasks) + x.shape[1:]), state.inner_state)
@@ -212,7 +215,7 @@ class TruncatedPES(AntitheticTruncatedEstimator):
     def _estimate(self, theta, state, key, outer_state, data):
         k_eps, k_unroll = jax.random.split(key)
         eps = A.sample_perturbations(theta, k_eps, self.num_tasks, self.std)
-        if self._use_mesh(state.inner_state):
+        if self.shards(state.inner_state):
             n = self.num_tasks
             inner = jax.tree_util.tree_map(lambda x: x.reshape((2, n) + x.shape[1:]), state.inner_state)
             inner, acc, grad, stats = sharded_truncation(
