@@ -24,7 +24,7 @@ from outer_trainers.train_eval import Evaluation, Evaluator
 from outer_trainers.train_loop import TrainResult, run_to_end, train_loop
 from outer_trainers.train_model import train_model
 from outer_trainers.train_state import TrainState
-from outer_trainers.distributed import pbt_outer_train, ray_outer_train
+from outer_trainers.distributed import pbt_outer_train, pbt_reports, ray_outer_train
 
 __all__ = [
     "EstimatorSchedule",
@@ -39,5 +39,5 @@ __all__ = [
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",
     "train_loop", "run_to_end", "Evaluation", "Evaluator", "chained", "use_all_cpu_cores",
-    "estimator_on_family", "ray_outer_train", "pbt_outer_train",
+    "estimator_on_family", "ray_outer_train", "pbt_outer_train", "pbt_reports",
 ]

@@ -15,12 +15,12 @@ from outer_trainers.distributed.cluster import RayConnectionError, connect_ray, 
 from outer_trainers.distributed.eval_worker import EvalClient, EvalWorker
 from outer_trainers.distributed.learner import ray_outer_train
 from outer_trainers.distributed.learner_state import init_learner_state, particle_keys
-from outer_trainers.distributed.pbt import pbt_outer_train
+from outer_trainers.distributed.pbt import pbt_outer_train, pbt_reports
 from outer_trainers.distributed.worker import EstimatorWorker
 from outer_trainers.distributed.worker_pool import WorkerPool, assign_estimators
 
 __all__ = [
-    "ray_outer_train", "pbt_outer_train", "connect_ray", "worker_runtime_env", "RayConnectionError",
+    "ray_outer_train", "pbt_outer_train", "pbt_reports", "connect_ray", "worker_runtime_env", "RayConnectionError",
     "EstimatorWorker", "WorkerPool", "assign_estimators", "EvalWorker", "EvalClient", "init_learner_state",
     "particle_keys",
 ]

@@ -19,10 +19,16 @@ restart), so a new σ or truncation length takes effect at once. Each report car
 "lopt_trial_id" (the reporting trial's id), "restored_from" (the id of the trial whose checkpoint
 this trial last started from; "" for none: another trial's id means an exploit)
 and the config's values under "config/<name>", so exploits and explores can be read off the
-results.
+results. Every report is also appended to lopt's own log, `<experiment>/lopt_reports/<trial
+id>.jsonl`, which `pbt_reports` reads: Ray Tune's per-trial result.json (and hence
+`ResultGrid.metrics_dataframe`) can lose the reports of a trial that PBT restarts from another
+trial's checkpoint (seen with Ray 2.60), so lineage is read from lopt's log. On a multi-node
+cluster `storage_path` must be a filesystem every node shares (as Ray Tune requires).
 """
 from __future__ import annotations
 
+import glob
+import json
 import os
 import tempfile
 import zlib
@@ -37,6 +43,7 @@ from outer_trainers.distributed.cluster import connect_ray, import_ray
 from outer_trainers.outer_train import OuterTrainState, init_outer_state, outer_train
 
 PBT_CHECKPOINT_ORIGIN = "trial_id"
+REPORTS_DIR = "lopt_reports"
 
 
 def _learner_only(state: OuterTrainState) -> OuterTrainState:
@@ -57,7 +64,8 @@ def _restore(directory: str, learner, estimators, key) -> tuple[OuterTrainState,
 
 
 def pbt_trainable(config: dict, *, make_run: Callable[[dict], tuple], num_steps: int, perturbation_interval: int,
-                  seed: int = 0, make_evaluator: Optional[Callable[[dict], Callable]] = None) -> None:
+                  seed: int = 0, make_evaluator: Optional[Callable[[dict], Callable]] = None,
+                  reports_dir: Optional[str] = None) -> None:
     """The Tune function trainable of `pbt_outer_train`: one trial's outer training, reported per interval.
 
     Args:
@@ -68,6 +76,8 @@ def pbt_trainable(config: dict, *, make_run: Callable[[dict], tuple], num_steps:
         seed: base seed; each trial folds its trial id in.
         make_evaluator: picklable `make_evaluator(config) -> factory`, `factory() -> evaluator`, whose
             `evaluator(theta)` metrics join each report; None: none.
+        reports_dir: where each report is also appended, as one JSON line, to `<trial id>.jsonl`
+            (`pbt_reports` reads them); None: nowhere.
     """
     from ray import tune
     learner, estimators = make_run(config)
@@ -94,10 +104,44 @@ def pbt_trainable(config: dict, *, make_run: Callable[[dict], tuple], num_steps:
         metrics.update({f"config/{k}": v for k, v in config.items() if isinstance(v, (int, float, str))})
         if evaluator is not None:
             metrics.update(evaluator(state.theta))
+        if reports_dir is not None:  # before Tune sees the report: PBT may stop this trial right after it
+            os.makedirs(reports_dir, exist_ok=True)
+            with open(os.path.join(reports_dir, f"{trial_id}.jsonl"), "a") as f:
+                f.write(json.dumps({k: _json_value(v) for k, v in metrics.items()}) + "\n")
         with tempfile.TemporaryDirectory() as d:
             CheckpointManager(d).save(state.step, _learner_only(state),
                                       {PBT_CHECKPOINT_ORIGIN: trial_id, "config": _jsonable(config)})
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))
+
+
+def _json_value(v: Any) -> Any:
+    return float(v) if isinstance(v, (np.floating, jax.Array, np.ndarray)) else (int(v) if isinstance(v, np.integer) else v)
+
+
+def pbt_reports(experiment_path: str) -> list:
+    """Every report of every trial of a `pbt_outer_train` experiment, from lopt's own log.
+
+    Args:
+        experiment_path: the experiment's directory, `storage_path/name` (a ResultGrid's
+            `experiment_path`).
+
+    Returns:
+        list of dicts (the reported metrics: "step", "meta_loss", "lopt_trial_id", "restored_from",
+        "config/<name>", ...), sorted by trial id, then step, then the order written. A report of a
+        trial whose "restored_from" is another trial's id is a report after an exploit.
+
+    Raises:
+        FileNotFoundError: the directory holds no lopt report log.
+    """
+    files = sorted(glob.glob(os.path.join(experiment_path, REPORTS_DIR, "*.jsonl")))
+    if not files:
+        raise FileNotFoundError(f"no lopt PBT reports under {os.path.join(experiment_path, REPORTS_DIR)}")
+    rows = []
+    for path in files:
+        with open(path) as f:
+            rows.extend(json.loads(line) for line in f if line.strip())
+    order = {id(r): i for i, r in enumerate(rows)}
+    return sorted(rows, key=lambda r: (str(r.get("lopt_trial_id", "")), r.get("step", 0), order[id(r)]))
 
 
 def _jsonable(config: dict) -> dict:
@@ -135,10 +179,11 @@ def pbt_outer_train(make_run: Callable[[dict], tuple], param_space: dict, hyperp
         num_cpus: CPUs of a local Ray instance started here.
 
     Returns:
-        Tune's ResultGrid (one Result per trial: its last metrics, `metrics_dataframe`, checkpoint).
+        Tune's ResultGrid (one Result per trial: its last metrics, `metrics_dataframe`, checkpoint);
+        `pbt_reports(results.experiment_path)` gives every report, exploits included.
 
     Raises:
-        ValueError: a bad argument.
+        ValueError: a bad argument, or `storage_path/name` already holds a PBT run.
     """
     if num_trials < 1:
         raise ValueError(f"num_trials must be >= 1, got {num_trials}")
@@ -146,6 +191,10 @@ def pbt_outer_train(make_run: Callable[[dict], tuple], param_space: dict, hyperp
         raise ValueError(f"num_steps and perturbation_interval must be >= 1, got {num_steps}, {perturbation_interval}")
     if not hyperparam_mutations:
         raise ValueError("hyperparam_mutations must name at least one hyper-parameter to explore")
+    reports_dir = os.path.join(os.path.abspath(storage_path), name, REPORTS_DIR)
+    if os.path.exists(reports_dir):
+        raise ValueError(f"{os.path.dirname(reports_dir)} already holds a PBT run (its {REPORTS_DIR}/); give this run "
+                         f"another name or storage_path")
     started = connect_ray(ray_address, num_cpus=num_cpus)
     ray = import_ray()
     from ray import tune
@@ -157,7 +206,8 @@ def pbt_outer_train(make_run: Callable[[dict], tuple], param_space: dict, hyperp
                                             resample_probability=resample_probability, synch=synch)
         trainable = tune.with_parameters(pbt_trainable, make_run=make_run, num_steps=num_steps,
                                          perturbation_interval=perturbation_interval, seed=seed,
-                                         make_evaluator=make_evaluator)
+                                         make_evaluator=make_evaluator,
+                                         reports_dir=reports_dir)
         trainable = tune.with_resources(trainable, {"cpu": cpus_per_trial})
         tuner = tune.Tuner(trainable, param_space=param_space,
                            tune_config=tune.TuneConfig(scheduler=scheduler, num_samples=num_trials, metric=metric,
