@@ -26,11 +26,18 @@ z = [emb(t) (T), progress(t, N) (3), loss features (2)] and emits s ∈ R², one
 matrices (ndim ≥ 2) and one for the other tensors; each is squashed, so that
 
     η_i = exp(log(`base_lr`) + `log_lr_range` · tanh(s_i)) ∈ [base_lr · e^−range, base_lr · e^range]
-    Δp  = −η_kind(p) · û
+    Δp  = −η_kind(p) · σ(t, N) · ρ(p) · û
+
+σ is a prior schedule the learned η multiplies: 1 (`schedule="constant"`) or, with
+`schedule="cosine"` and a known horizon N, a linear warm-up over the first 5% of N then a cosine
+decay to 0 at N (1 when N is None). ρ(p) = 1, or with `relative_step` the tensor's RMS,
+max(rms(p), `relative_floor`): steps relative to the weights' scale, so one η suits layers and
+tasks whose weights have different scales (LARS/Adafactor-style; a reparameterisation p → c·p
+scales the step with it).
 
 The last layers of both MLPs start at zero (the step-size head) or small (the residual,
 × `residual_init`), so a fresh theta is normalized Adam at `base_lr`: a small, safe optimizer.
-No theta can make an element's step larger than base_lr · e^range · c.
+No theta can make an element's step larger than base_lr · e^range · c (times ρ(p)).
 
 With `vector_rule="adam"` (Celo2's deployment: Adam for 1-D parameters), tensors of ndim < 2
 skip the MLP and the normalization: Δp = −η_vector · a.
@@ -50,6 +57,8 @@ from lopt.nn import dense_init
 
 DECAYS = (0.5, 0.9, 0.99, 0.999)
 VECTOR_RULES = ("learned", "adam")
+SCHEDULES = ("constant", "cosine")
+WARMUP_FRACTION = 0.05
 
 
 class NormMLPLOptState(NamedTuple):
@@ -100,6 +109,11 @@ class NormMLPLOpt(LearnedOptimizer):
         False keeps the direction's own elementwise magnitudes.
       residual_bound: B > 0 bounds the learned residual to B·tanh(r / B), inside (−B, B), so no theta moves
         the direction far from Adam's; 0 leaves it unbounded.
+      schedule: the prior schedule σ(t, N) the learned step size multiplies: "constant" or "cosine"
+        (5% linear warm-up, cosine decay to 0 at the horizon N; 1 when N is None).
+      relative_step: scale each tensor's step by max(rms(p), relative_floor).
+      relative_floor: the smallest weight scale a relative step uses (> 0), so tensors that start at
+        zero (biases) still move.
     """
 
     def __init__(self, hidden_size: int = 16, hidden_layers: int = 1, decays: Sequence[float] = DECAYS,
@@ -107,7 +121,8 @@ class NormMLPLOpt(LearnedOptimizer):
                  clip_value: float = 5.0, residual_init: float = 0.1, lr_hidden_size: int = 16,
                  timescales: Sequence[float] = ft.TIMESCALES, use_num_steps: bool = True,
                  orthogonalize: bool = False, vector_rule: str = "learned", normalize_update: bool = True,
-                 residual_bound: float = 0.0):
+                 residual_bound: float = 0.0, schedule: str = "constant", relative_step: bool = False,
+                 relative_floor: float = 1e-3):
         if hidden_layers < 1 or hidden_size < 1 or lr_hidden_size < 1:
             raise ValueError(f"NormMLPLOpt needs hidden_layers, hidden_size, lr_hidden_size >= 1, got "
                              f"{hidden_layers}, {hidden_size}, {lr_hidden_size}")
@@ -134,6 +149,11 @@ class NormMLPLOpt(LearnedOptimizer):
         if residual_bound < 0:
             raise ValueError(f"residual_bound must be >= 0 (0: unbounded), got {residual_bound}")
         self.residual_bound = float(residual_bound)
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; known: {SCHEDULES}")
+        if not relative_floor > 0:
+            raise ValueError(f"relative_floor must be > 0, got {relative_floor}")
+        self.schedule, self.relative_step, self.relative_floor = str(schedule), bool(relative_step), float(relative_floor)
         self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
 
     @property
@@ -153,7 +173,8 @@ class NormMLPLOpt(LearnedOptimizer):
                     lr_hidden_size=self.lr_hidden_size, timescales=list(self.timescales),
                     use_num_steps=self.use_num_steps, orthogonalize=self.orthogonalize,
                     vector_rule=self.vector_rule, normalize_update=self.normalize_update,
-                    residual_bound=self.residual_bound)
+                    residual_bound=self.residual_bound, schedule=self.schedule, relative_step=self.relative_step,
+                    relative_floor=self.relative_floor)
 
     def init(self, key: jax.Array) -> dict:
         """Initial theta: normalized Adam at `base_lr` plus a small random residual.
@@ -194,6 +215,24 @@ class NormMLPLOpt(LearnedOptimizer):
         h = jax.nn.relu(z @ theta["lr"]["hidden"]["w"] + theta["lr"]["hidden"]["b"])
         s = h @ theta["lr"]["output"]["w"] + theta["lr"]["output"]["b"]
         return self.base_lr * jnp.exp(self.log_lr_range * jnp.tanh(s))
+
+    def prior_schedule(self, iteration: jax.Array, num_steps: Optional[Any]) -> jax.Array:
+        """σ(t, N), the prior schedule the learned step size multiplies.
+
+        Args:
+          iteration: t, int32 [] (the number of updates before this one).
+          num_steps: the horizon N (may be traced) or None.
+
+        Returns:
+          float32 []: 1 for "constant" or N None; for "cosine", min((t+1)/w, 1) · ½(1 + cos(π·min(t/N, 1)))
+          with w = max(1, ⌈0.05 N⌉).
+        """
+        if self.schedule == "constant" or num_steps is None:
+            return jnp.ones((), jnp.float32)
+        n = jnp.maximum(jnp.asarray(num_steps, jnp.float32), 1.0)
+        t = jnp.asarray(iteration, jnp.float32)
+        warm = jnp.minimum((t + 1.0) / jnp.maximum(1.0, jnp.ceil(WARMUP_FRACTION * n)), 1.0)
+        return warm * 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t / n, 1.0)))
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
@@ -251,13 +290,15 @@ class NormMLPLOpt(LearnedOptimizer):
                     u = u / (_rms(u) + 1e-8)
                 u = jnp.clip(u, -self.clip_value, self.clip_value)
                 step = lr * u
+            if self.relative_step:
+                step = step * jnp.maximum(_rms(p32), self.relative_floor)
             return ((-step).reshape(shape).astype(jnp.result_type(p)), m.reshape((k,) + shape), v.reshape(shape))
 
         def update_fn(updates, state, params=None, **extra_args):
             ft.require_params(updates, params, "NormMLPLOpt")
             loss_feats, loss_state = ft.loss_features(extra_args.get("loss"), state.loss_state)
             t = state.iteration
-            lrs = self.step_sizes(theta, t, num_steps, loss_feats)
+            lrs = self.step_sizes(theta, t, num_steps, loss_feats) * self.prior_schedule(t, num_steps)
             bias = mlp["input"]["b"] + ft.step_embedding(t, self.timescales) @ mlp["input"]["w_time"]
             treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
             leaves = [update_leaf(g, p, m, v, t, bias, lrs) for g, p, m, v in zip(gs, ps, ms, vs)]
