@@ -11,7 +11,7 @@ from outer_trainers.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
 from outer_trainers.outer_train import (OuterTrainState, init_outer_state, outer_step, outer_train,
                                         resample_estimators)
 from outer_trainers.reporting import MetaTrainingDiverged, Reporter, RunTotals
-from outer_trainers.run_checkpoints import ExistingRunError, RunCheckpoints
+from outer_trainers.run_checkpoints import ExistingRunError, RunCheckpoints, theta_from_checkpoint
 from outer_trainers.truncated_step import StepOut, TruncatedStep
 from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
                                                 NeverEndingTruncationSchedule, TruncationSchedule,
@@ -33,7 +33,7 @@ __all__ = [
     "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES",
     "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",
-    "Reporter", "RunTotals", "RunCheckpoints", "MetaTrainingDiverged",
+    "Reporter", "RunTotals", "RunCheckpoints", "theta_from_checkpoint", "MetaTrainingDiverged",
     "ExistingRunError", "UnreadableCheckpointsError",
     "protocol", "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",

@@ -30,7 +30,11 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
 
-from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy, UnreadableCheckpointsError, check_meta
+import numpy as np
+
+import lopt
+from outer_trainers.checkpoints import (CheckpointManager, CheckpointPolicy, UnreadableCheckpointsError, check_meta,
+                                        read)
 from outer_trainers.estimators.gradient_estimator import GradientEstimator
 from outer_trainers.gradient_learner import GradientLearner
 from outer_trainers.reporting import RunTotals
@@ -67,6 +71,47 @@ def run_metadata(learner: GradientLearner, estimators: Sequence[Union[GradientEs
     if config is not None:
         meta["config"] = json.loads(json.dumps(config, sort_keys=True))
     return meta
+
+
+def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
+    """The learned optimizer and theta stored in one of `outer_train`'s checkpoint files.
+
+    For evaluating a run's intermediate checkpoints (`scripts/evaluate.py --optimizer
+    RUN/checkpoints/ckpt_00001000.msgpack`) or saving one with `lopt.save_theta`. The checksum is
+    verified first (`checkpoints.read`).
+
+    Args:
+        path: a checkpoint file written by `outer_train` or `ray_outer_train` (format v1 or v2).
+
+    Returns:
+        (the LearnedOptimizer of the run's "architecture" and "lopt_config", theta as numpy arrays
+        in its `theta_spec` structure).
+
+    Raises:
+        CorruptCheckpointError: the file is unreadable or fails its checksum.
+        ValueError: the file records no learned optimizer, or its theta does not match the recorded
+            architecture's structure and shapes.
+    """
+    payload = read(path)
+    meta = payload.get("meta") or {}
+    if "architecture" not in meta or "lopt_config" not in meta:
+        raise ValueError(f"{path}: the checkpoint records no learned optimizer (no architecture/lopt_config in its "
+                         f"metadata); was it written by outer_train?")
+    learned_opt = lopt.architecture(meta["architecture"])(**meta["lopt_config"])
+    spec = learned_opt.theta_spec()
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(spec)]
+    index = {entry[0]: i for i, entry in enumerate(payload["structure"])}
+    leaves = []
+    for want, (rel, leaf) in zip(paths, jax.tree_util.tree_leaves_with_path(spec)):
+        name = ".learner_state.theta" + want
+        if name not in index:
+            raise ValueError(f"{path}: no theta leaf {want} of {meta['architecture']} in the checkpoint")
+        value = np.asarray(payload["leaves"][f"{index[name]:06d}"])
+        if value.shape != tuple(leaf.shape):
+            raise ValueError(f"{path}: theta leaf {want} has shape {value.shape}, {meta['architecture']} expects "
+                             f"{tuple(leaf.shape)}")
+        leaves.append(value)
+    return learned_opt, jax.tree_util.tree_structure(spec).unflatten(leaves)
 
 
 class RunCheckpoints:

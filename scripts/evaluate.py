@@ -52,6 +52,7 @@ import numpy as np
 
 import lopt
 from lopt.file_io import atomic_write_bytes
+import outer_trainers as ot
 from outer_trainers import protocol
 from outer_trainers.evaluation import best_runs, check_learning_rates, final_loss
 from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
@@ -70,7 +71,7 @@ def resolve_optimizer(spec: str, label: str) -> dict:
     """What an `--optimizer` value names, loaded and checked.
 
     Args:
-      spec: a baseline name, "pretrained:NAME" or a theta file path.
+      spec: a baseline name, "pretrained:NAME", a theta file path or an outer_train checkpoint file.
       label: the optimizer's name in the results.
 
     Returns:
@@ -97,8 +98,15 @@ def resolve_optimizer(spec: str, label: str) -> dict:
         return {"label": label, "spec": spec, "kind": "pretrained", "name": name, "module": pretrained}
     if not os.path.isfile(spec):
         raise ValueError(f"evaluate: --optimizer {spec!r} is neither a baseline ({', '.join(protocol.baseline_names())}), "
-                         f"nor pretrained:NAME, nor an existing theta file")
-    learned_opt, theta = lopt.load_learned_optimizer(spec)
+                         f"nor pretrained:NAME, nor an existing theta or checkpoint file")
+    try:
+        learned_opt, theta = lopt.load_learned_optimizer(spec)
+    except Exception as theta_error:  # not a theta file: an outer_train checkpoint?
+        try:
+            learned_opt, theta = ot.theta_from_checkpoint(spec)
+        except Exception as ckpt_error:
+            raise ValueError(f"evaluate: --optimizer {spec}: neither a theta file ({theta_error}) nor an outer_train "
+                             f"checkpoint ({ckpt_error})") from None
     return {"label": label, "spec": spec, "kind": "theta", "learned_opt": learned_opt, "theta": theta}
 
 
@@ -573,7 +581,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--output_dir", required=True, help="where the result files go")
     p.add_argument("--suite", help=f"an evaluation suite of tasks.suites: {', '.join(suites.names())}")
     p.add_argument("--optimizer", action="append", default=[],
-                   help="a theta file, pretrained:NAME, or a baseline name (adam, adamw, sgdm); repeatable")
+                   help="a theta file, an outer_train checkpoint file, pretrained:NAME, or a baseline name (adam, adamw, "
+                        "sgdm); repeatable")
     p.add_argument("--theta", help="a theta_final.msgpack (the same as --optimizer PATH)")
     p.add_argument("--baselines", help="comma-separated tuned baselines (default adam,adamw,sgdm)")
     p.add_argument("--task", action="append", default=[], help="e.g. 'QuadraticFamily(dim=4)' (repeatable)")

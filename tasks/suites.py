@@ -21,6 +21,9 @@ Suites (`names()`):
   other dataset is built without files.
 - heldout-cpu-mnist: heldout-cpu plus two MNIST tasks; needs the MNIST IDX files locally (without
   them `build` raises DatasetNotFoundError naming where it looked).
+- validation-cpu: 6 cheaper tasks (300-600 steps, 3 seeds) disjoint from heldout-cpu and from
+  the shipped recipes' meta-training families, on the same datasets (Fashion-MNIST at 7x7): for
+  choosing among a run's checkpoints, so heldout-cpu stays a test set nothing was selected on.
 - smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
 
 Every task is evaluated on the "test" split: the held-out loss after training is the mean
@@ -172,7 +175,17 @@ _SMOKE = (
     dataclasses.replace(_conv("smoke_signals_conv1d_4", "signals1d", (4,), "relu", 16, 30), seeds=(0, 1)),
 )
 
-_SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE}
+_VALIDATION_CPU = (
+    _mlp("val_digits_mlp_128_gelu", "digits", (128,), "gelu", 64, 500),
+    _mlp("val_signals_mlp_64x64_relu_b32", "signals1d", (64, 64), "relu", 32, 500),
+    _mlp("val_fmnist7_mlp_64_tanh", "fashion_mnist_7", (64,), "tanh", 64, 600),
+    _conv("val_signals_conv1d_8x16_gelu", "signals1d", (8, 16), "gelu", 64, 400),
+    _lm("val_text_lstm_h32", "lstm", 16, 300, embed_dim=16, hidden_size=32),
+    _regression("val_regression_dim50_cond100", 50, 32, 500, condition=100.0),
+)
+
+_SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
+           "validation-cpu": _VALIDATION_CPU}
 
 
 def names() -> list[str]:

@@ -153,3 +153,21 @@ def test_nonfinite_estimates_are_dropped_counted_and_logged(tiny, tmp_path):
     assert np.isfinite(lopt.load_theta(str(tmp_path / "theta_final.msgpack"))["log_lr"])
     tb = read_event_scalars(str(tmp_path / "tb"))
     assert [v for _, v in tb["num_dropped"]] == [0, 1, 0, 1, 0, 1]
+
+
+def test_theta_from_checkpoint_is_the_runs_theta(tiny, tmp_path):
+    """A run's checkpoint gives back its learned optimizer and theta (what evaluate.py evaluates), and a
+    file that is not an outer_train checkpoint is refused with the reason."""
+    lo, est, _ = tiny
+    learner = ot.GradientLearner(lo, optax.adam(0.1))
+    state = ot.outer_train(learner, [est], 3, output_dir=str(tmp_path), progress=False)
+    path = sorted((tmp_path / "checkpoints").glob("ckpt_*.msgpack"))[-1]
+    got_lo, theta = ot.theta_from_checkpoint(str(path))
+    assert got_lo.name == lo.name and got_lo.config() == lo.config()
+    want = jax.tree_util.tree_map(np.asarray, state.theta)
+    assert jax.tree_util.tree_structure(theta) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(theta), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(a, b)
+    ot.CheckpointManager(str(tmp_path / "other")).save(1, {"x": jnp.ones(3)}, {})
+    with pytest.raises(ValueError, match="records no learned optimizer"):
+        ot.theta_from_checkpoint(str(next((tmp_path / "other").glob("ckpt_*.msgpack"))))

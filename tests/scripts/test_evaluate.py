@@ -163,7 +163,8 @@ def test_bad_task_spec_is_reported(evaluate_script):
     (["--gin_param", "evaluate.eval_split = 'valid'"], "eval_split 'valid' is not a split of"),
     (["--baselines", "adam,rmsprop"], r"unknown baselines \['rmsprop'\] \(--baselines\)"),
     (["--suite", "smoke"], r"give a suite \(--suite smoke\) or tasks \(--task\), not both"),
-    (["--optimizer", "/no/such/theta.msgpack"], "is neither a baseline .* nor an existing theta file"),
+    (["--optimizer", "/no/such/theta.msgpack"], "is neither a baseline .* nor an existing theta or checkpoint file"),
+    (["--optimizer", "TMP/garbage.msgpack"], "neither a theta file .* nor an outer_train checkpoint"),
     (["--gin_param", "evaluate.max_extensions = -1"], "max_extensions must be an integer >= 0"),
 ])
 def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_path, monkeypatch, flags, what):
@@ -172,10 +173,11 @@ def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_
     theta_path = str(tmp_path / "theta.msgpack")
     lopt.save_theta(theta_path, lo, lo.init(jax.random.key(0)))
     monkeypatch.setattr(evaluate_script, "run_task", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    (tmp_path / "garbage.msgpack").write_bytes(b"not a theta file")
     out = tmp_path / "eval"
     args = ["--theta", theta_path, "--task", "ImageMLPFamily(hidden_sizes=(4,))", "--output_dir", str(out)]
     with pytest.raises(ValueError, match=what):
-        evaluate_script.main(args + flags)
+        evaluate_script.main(args + [f.replace("TMP", str(tmp_path)) for f in flags])
     assert not out.exists()
 
 

@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_suites_by_name_and_an_unknown_name_lists_them():
-    assert {"heldout-cpu", "heldout-cpu-mnist", "smoke"} <= set(suites.names())
+    assert {"heldout-cpu", "heldout-cpu-mnist", "smoke", "validation-cpu"} <= set(suites.names())
     with pytest.raises(ValueError, match=r"unknown suite 'nope'; the suites are \[.*'heldout-cpu'"):
         suites.get("nope")
 
@@ -106,6 +106,7 @@ def test_no_suite_task_is_in_a_shipped_optimizers_meta_training_family(tmp_path,
             assert suites.static_configs(family), path  # the checker saw what the family draws
     assert any(label.startswith("quickstart.gin") for label in families)
     assert suites.held_out_report(suite, families) is None
+    assert suites.held_out_report(suites.get("validation-cpu"), families) is None
     # The checker catches a family that does draw suite tasks, through augmentations and mixtures.
     overlapping = tasks.ImageMLPFamily("digits", (64, 64), batch_size=64, activations=("relu", "tanh"))
     assert suites.overlaps(suite, overlapping) == ["digits_mlp_64x64_tanh"]
@@ -123,3 +124,12 @@ def test_no_suite_task_is_in_a_shipped_optimizers_meta_training_family(tmp_path,
     assert report == "suite tasks drawn by meta-training families: mix.gin: text_lstm_h48"
     with pytest.raises(TypeError, match="cannot tell the static configs of Opaque"):
         suites.static_configs(type("Opaque", (tasks.TaskFamily,), {})())
+
+
+def test_validation_suite_is_disjoint_from_the_test_suite():
+    """validation-cpu picks checkpoints; none of its tasks may be (or draw) a heldout-cpu task."""
+    test = {t.static_config() for t in suites.get("heldout-cpu-mnist")}
+    val = suites.get("validation-cpu")
+    assert len(val) >= 5 and not test & {t.static_config() for t in val}
+    for t in val:
+        assert suites.overlaps(suites.get("heldout-cpu-mnist"), t.build()) == [], t.name
