@@ -30,10 +30,13 @@ matrices (ndim ≥ 2) and one for the other tensors; each is squashed, so that
 
 σ is a prior schedule the learned η multiplies: 1 (`schedule="constant"`) or, with
 `schedule="cosine"` and a known horizon N, a linear warm-up over the first 5% of N then a cosine
-decay to 0 at N (1 when N is None). ρ(p) = 1, or with `relative_step` the tensor's RMS,
-max(rms(p), `relative_floor`): steps relative to the weights' scale, so one η suits layers and
-tasks whose weights have different scales (LARS/Adafactor-style; a reparameterisation p → c·p
-scales the step with it).
+decay to 0 at N (1 when N is None). ρ(p) = 1, or with `relative_step`, for tensors of ndim ≥ 2,
+the RMS the tensor had when the optimizer state was initialised, max(rms(p₀), `relative_floor`):
+steps relative to each weight matrix's initial scale (μP-style: wider layers, initialised
+smaller, take proportionally smaller steps), so one η suits layers and tasks of different
+scales, and a reparameterisation p → c·p scales the step with it. The scale is fixed at init:
+scaling by the current RMS (LARS-style) lets the weights grow geometrically, and long runs
+diverged. Vectors (biases, norm scales; often initialised at 0 or 1) take absolute steps.
 
 The last layers of both MLPs start at zero (the step-size head) or small (the residual,
 × `residual_init`), so a fresh theta is normalized Adam at `base_lr`: a small, safe optimizer.
@@ -69,11 +72,13 @@ class NormMLPLOptState(NamedTuple):
       second_moment: per leaf, float32 [*p.shape]: v.
       iteration: int32 []: the number of updates so far.
       loss_state: float32 [2]: the loss EMA state of `features.loss_features`.
+      scales: per leaf, float32 []: ρ(p), the step scale fixed at init (1 without `relative_step`).
     """
     momenta: Any
     second_moment: Any
     iteration: jax.Array
     loss_state: jax.Array
+    scales: Any
 
 
 def _rms(x: jax.Array) -> jax.Array:
@@ -111,9 +116,10 @@ class NormMLPLOpt(LearnedOptimizer):
         the direction far from Adam's; 0 leaves it unbounded.
       schedule: the prior schedule σ(t, N) the learned step size multiplies: "constant" or "cosine"
         (5% linear warm-up, cosine decay to 0 at the horizon N; 1 when N is None).
-      relative_step: scale each tensor's step by max(rms(p), relative_floor).
-      relative_floor: the smallest weight scale a relative step uses (> 0), so tensors that start at
-        zero (biases) still move.
+      relative_step: scale the step of each tensor of ndim ≥ 2 by max(rms(p₀), relative_floor),
+        its RMS at the optimizer's init.
+      relative_floor: the smallest weight scale a relative step uses (> 0), so a matrix that starts
+        at zero still moves.
     """
 
     def __init__(self, hidden_size: int = 16, hidden_layers: int = 1, decays: Sequence[float] = DECAYS,
@@ -216,6 +222,19 @@ class NormMLPLOpt(LearnedOptimizer):
         s = h @ theta["lr"]["output"]["w"] + theta["lr"]["output"]["b"]
         return self.base_lr * jnp.exp(self.log_lr_range * jnp.tanh(s))
 
+    def step_scale(self, p: jax.Array) -> jax.Array:
+        """ρ(p) of a tensor at init: max(rms(p), relative_floor) for ndim ≥ 2 with `relative_step`, else 1.
+
+        Args:
+          p: a parameter tensor (the value the optimizer state is initialised with).
+
+        Returns:
+          float32 [].
+        """
+        if not self.relative_step or jnp.ndim(p) < 2 or jnp.size(p) == 0:
+            return jnp.ones((), jnp.float32)
+        return jnp.maximum(_rms(jnp.asarray(p, jnp.float32)), self.relative_floor)
+
     def prior_schedule(self, iteration: jax.Array, num_steps: Optional[Any]) -> jax.Array:
         """σ(t, N), the prior schedule the learned step size multiplies.
 
@@ -249,7 +268,8 @@ class NormMLPLOpt(LearnedOptimizer):
             k = len(self.decays)
             momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((k,) + jnp.shape(p), jnp.float32), params)
             second = jax.tree_util.tree_map(ft.zeros_like_f32, params)
-            return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state())
+            return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(),
+                                    jax.tree_util.tree_map(self.step_scale, params))
 
         def residual(feats: list, bias: jax.Array) -> jax.Array:
             """feats: F arrays [n] -> r [n], each feature divided by its RMS over the tensor."""
@@ -259,7 +279,7 @@ class NormMLPLOpt(LearnedOptimizer):
                 h = jax.nn.relu(h @ mlp[f"hidden_{i}"]["w"] + mlp[f"hidden_{i}"]["b"])
             return (h @ mlp["output"]["w"] + mlp["output"]["b"])[:, 0]
 
-        def update_leaf(g, p, m, v, t, bias, lrs):
+        def update_leaf(g, p, m, v, scale, t, bias, lrs):
             shape, k = jnp.shape(p), len(self.decays)
             n = math.prod(shape)
             if n == 0:
@@ -290,8 +310,7 @@ class NormMLPLOpt(LearnedOptimizer):
                     u = u / (_rms(u) + 1e-8)
                 u = jnp.clip(u, -self.clip_value, self.clip_value)
                 step = lr * u
-            if self.relative_step:
-                step = step * jnp.maximum(_rms(p32), self.relative_floor)
+            step = step * scale
             return ((-step).reshape(shape).astype(jnp.result_type(p)), m.reshape((k,) + shape), v.reshape(shape))
 
         def update_fn(updates, state, params=None, **extra_args):
@@ -300,9 +319,10 @@ class NormMLPLOpt(LearnedOptimizer):
             t = state.iteration
             lrs = self.step_sizes(theta, t, num_steps, loss_feats) * self.prior_schedule(t, num_steps)
             bias = mlp["input"]["b"] + ft.step_embedding(t, self.timescales) @ mlp["input"]["w_time"]
-            treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
-            leaves = [update_leaf(g, p, m, v, t, bias, lrs) for g, p, m, v in zip(gs, ps, ms, vs)]
+            treedef, gs, (ps, ms, vs, ss) = ft.leaves_of(updates, params, state.momenta, state.second_moment,
+                                                         state.scales)
+            leaves = [update_leaf(g, p, m, v, sc, t, bias, lrs) for g, p, m, v, sc in zip(gs, ps, ms, vs, ss)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
-            return new_updates, NormMLPLOptState(momenta, second, t + 1, loss_state)
+            return new_updates, NormMLPLOptState(momenta, second, t + 1, loss_state, state.scales)
 
         return optax.GradientTransformationExtraArgs(init_fn, update_fn)

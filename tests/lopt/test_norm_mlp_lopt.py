@@ -138,17 +138,24 @@ def test_residual_bound_keeps_the_direction_near_adam():
 
 
 def test_relative_step_and_cosine_prior_schedule():
-    """relative_step scales each tensor's step by max(rms(p), floor); schedule="cosine" multiplies
-    the step size by the warm-up-then-cosine σ(t, N): at t = 0 of N = 100, σ = 1/5 (5-step warm-up)."""
+    """relative_step scales each matrix's step by max(rms(p₀), floor), its RMS at init, fixed after
+    (vectors take absolute steps); schedule="cosine" multiplies the step size by the warm-up-then-cosine
+    σ(t, N): at t = 0 of N = 100, σ = 1/5 (5-step warm-up)."""
     lo = lopt.NormMLPLOpt(base_lr=0.1, normalize_update=False, relative_step=True, relative_floor=1e-2,
                           schedule="cosine", **TINY)
     theta = lo.init(jax.random.key(0))
     theta["mlp"]["output"]["w"] = jnp.zeros_like(theta["mlp"]["output"]["w"])
-    params = {"w": jnp.full((4, 3), 2.0), "b": jnp.zeros((3,))}
-    grads = {"w": jnp.arange(12.0).reshape(4, 3) - 5.5, "b": jnp.asarray([0.5, -2.0, 3.0])}
-    u = _first_update(lo, theta, params, grads, num_steps=100)
+    params = {"w": jnp.full((4, 3), 2.0), "z": jnp.zeros((2, 2)), "b": jnp.zeros((3,))}
+    grads = {"w": jnp.arange(12.0).reshape(4, 3) - 5.5, "z": jnp.ones((2, 2)), "b": jnp.asarray([0.5, -2.0, 3.0])}
+    tx = lo.opt_fn(theta, num_steps=100)
+    state = tx.init(params)
+    u = tx.update(grads, state, params)[0]
     np.testing.assert_allclose(u["w"], -0.1 * 0.2 * 2.0 * np.sign(grads["w"]), rtol=1e-4)
-    np.testing.assert_allclose(u["b"], -0.1 * 0.2 * 1e-2 * np.sign(grads["b"]), rtol=1e-4)
+    np.testing.assert_allclose(u["z"], -0.1 * 0.2 * 1e-2 * np.sign(grads["z"]), rtol=1e-4)  # the floor
+    np.testing.assert_allclose(u["b"], -0.1 * 0.2 * np.sign(grads["b"]), rtol=1e-4)  # a vector: absolute
+    # the scale is the one at init: weights grown 10x since do not grow the step
+    grown = jax.tree_util.tree_map(lambda p: 10.0 * p + 1.0, params)
+    np.testing.assert_allclose(tx.update(grads, state, grown)[0]["w"], u["w"], rtol=1e-4)
     sigma = [float(lo.prior_schedule(jnp.asarray(t), 100)) for t in (0, 4, 50, 100, 150)]
     np.testing.assert_allclose(sigma, [0.2, 1.0 * 0.5 * (1 + np.cos(np.pi * 0.04)), 0.5, 0.0, 0.0], atol=1e-6)
     assert float(lo.prior_schedule(jnp.asarray(7), None)) == 1.0  # no horizon: no schedule
