@@ -48,3 +48,10 @@ def test_readme_notebook_snippet_runs(tmp_path):
     tx = namespace["tx"]
     assert isinstance(tx, optax.GradientTransformationExtraArgs)
     assert namespace["state"].step == 2
+
+
+def test_readme_pretrained_optimizer_is_shipped():
+    import lopt.pretrained
+
+    names = re.findall(r'lopt\.pretrained\.load\("([^"]+)"', _read("README.md"))
+    assert names and all(n in lopt.pretrained.names() for n in names), names

@@ -90,10 +90,11 @@ def stand_in(tmp_path, monkeypatch):
 
 
 def test_shipped_optimizers_meet_the_contract():
-    """Every NAME.msgpack ships with its NAME.json and meets the contract (none ships in this version)."""
+    """Every NAME.msgpack ships with its NAME.json and meets the contract; normmlp_v2 is shipped."""
     files = os.listdir(os.path.dirname(lopt.pretrained.__file__))
     data = sorted(os.path.splitext(f)[0] for f in files if f.endswith((".msgpack", ".json")))
     assert data == sorted(n for n in lopt.pretrained.names() for _ in range(2)), f"unpaired files: {data}"
+    assert "normmlp_v2" in lopt.pretrained.names()
     for name in lopt.pretrained.names():
         check_shipped(name)
 
