@@ -88,9 +88,9 @@ def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
         in its `theta_spec` structure).
 
     Raises:
-        CorruptCheckpointError: the file is unreadable or fails its checksum.
-        ValueError: the file records no learned optimizer, or its theta does not match the recorded
-            architecture's structure and shapes.
+        ValueError: the file is unreadable or fails its checksum (`checkpoints.CorruptCheckpointError`,
+            a ValueError), records no learned optimizer, or holds a theta that does not match the
+            recorded architecture's structure and shapes.
     """
     payload = read(path)
     meta = payload.get("meta") or {}
