@@ -99,10 +99,10 @@ def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
                          f"metadata); was it written by outer_train?")
     learned_opt = lopt.architecture(meta["architecture"])(**meta["lopt_config"])
     spec = learned_opt.theta_spec()
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(spec)]
     index = {entry[0]: i for i, entry in enumerate(payload["structure"])}
     leaves = []
-    for want, (rel, leaf) in zip(paths, jax.tree_util.tree_leaves_with_path(spec)):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(spec):
+        want = jax.tree_util.keystr(path)
         name = ".learner_state.theta" + want
         if name not in index:
             raise ValueError(f"{path}: no theta leaf {want} of {meta['architecture']} in the checkpoint")

@@ -140,8 +140,7 @@ def pbt_reports(experiment_path: str) -> list:
     for path in files:
         with open(path) as f:
             rows.extend(json.loads(line) for line in f if line.strip())
-    order = {id(r): i for i, r in enumerate(rows)}
-    return sorted(rows, key=lambda r: (str(r.get("lopt_trial_id", "")), r.get("step", 0), order[id(r)]))
+    return sorted(rows, key=lambda r: (str(r.get("lopt_trial_id", "")), r.get("step", 0)))  # stable: written order kept
 
 
 def _jsonable(config: dict) -> dict:
