@@ -38,6 +38,15 @@ scales, and a reparameterisation p → c·p scales the step with it. The scale i
 scaling by the current RMS (LARS-style) lets the weights grow geometrically, and long runs
 diverged. Vectors (biases, norm scales; often initialised at 0 or 1) take absolute steps.
 
+With `fan_in_ref` c₀ > 0 (and `relative_step`) the matrix scale is μP's for Adam-type updates,
+
+    ρ(p) = max(rms(p₀), `relative_floor`) · √(c₀ / fan_in(p))      fan_in = ∏ shape[:-1]
+
+(every axis but the last, the output axis of flax/haiku dense and conv kernels): μP (and μLO, 2024)
+gives hidden matrices of an Adam-like optimizer a step ∝ 1/fan_in; a standard init supplies
+rms(p₀) ∝ 1/√fan_in and this factor the other 1/√fan_in, so a layer c₀ wide takes the step it
+would without it, and wider layers proportionally smaller ones.
+
 The last layers of both MLPs start at zero (the step-size head) or small (the residual,
 × `residual_init`), so a fresh theta is normalized Adam at `base_lr`: a small, safe optimizer.
 No theta can make an element's step larger than base_lr · e^range · c (times ρ(p)).
@@ -120,6 +129,8 @@ class NormMLPLOpt(LearnedOptimizer):
         its RMS at the optimizer's init.
       relative_floor: the smallest weight scale a relative step uses (> 0), so a matrix that starts
         at zero still moves.
+      fan_in_ref: c₀ ≥ 0; with `relative_step`, multiply each matrix's scale by √(c₀ / fan_in), μP's
+        1/fan_in step for Adam-type updates (0: off).
     """
 
     def __init__(self, hidden_size: int = 16, hidden_layers: int = 1, decays: Sequence[float] = DECAYS,
@@ -128,7 +139,7 @@ class NormMLPLOpt(LearnedOptimizer):
                  timescales: Sequence[float] = ft.TIMESCALES, use_num_steps: bool = True,
                  orthogonalize: bool = False, vector_rule: str = "learned", normalize_update: bool = True,
                  residual_bound: float = 0.0, schedule: str = "constant", relative_step: bool = False,
-                 relative_floor: float = 1e-3):
+                 relative_floor: float = 1e-3, fan_in_ref: float = 0.0):
         if hidden_layers < 1 or hidden_size < 1 or lr_hidden_size < 1:
             raise ValueError(f"NormMLPLOpt needs hidden_layers, hidden_size, lr_hidden_size >= 1, got "
                              f"{hidden_layers}, {hidden_size}, {lr_hidden_size}")
@@ -160,6 +171,11 @@ class NormMLPLOpt(LearnedOptimizer):
         if not relative_floor > 0:
             raise ValueError(f"relative_floor must be > 0, got {relative_floor}")
         self.schedule, self.relative_step, self.relative_floor = str(schedule), bool(relative_step), float(relative_floor)
+        if not fan_in_ref >= 0:
+            raise ValueError(f"fan_in_ref must be >= 0 (0: off), got {fan_in_ref}")
+        if fan_in_ref > 0 and not relative_step:
+            raise ValueError("fan_in_ref scales the relative step: it needs relative_step=True")
+        self.fan_in_ref = float(fan_in_ref)
         self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
 
     @property
@@ -180,7 +196,7 @@ class NormMLPLOpt(LearnedOptimizer):
                     use_num_steps=self.use_num_steps, orthogonalize=self.orthogonalize,
                     vector_rule=self.vector_rule, normalize_update=self.normalize_update,
                     residual_bound=self.residual_bound, schedule=self.schedule, relative_step=self.relative_step,
-                    relative_floor=self.relative_floor)
+                    relative_floor=self.relative_floor, fan_in_ref=self.fan_in_ref)
 
     def init(self, key: jax.Array) -> dict:
         """Initial theta: normalized Adam at `base_lr` plus a small random residual.
@@ -223,7 +239,8 @@ class NormMLPLOpt(LearnedOptimizer):
         return self.base_lr * jnp.exp(self.log_lr_range * jnp.tanh(s))
 
     def step_scale(self, p: jax.Array) -> jax.Array:
-        """ρ(p) of a tensor at init: max(rms(p), relative_floor) for ndim ≥ 2 with `relative_step`, else 1.
+        """ρ(p) of a tensor at init: max(rms(p), relative_floor) (· √(fan_in_ref / fan_in) with `fan_in_ref`)
+        for ndim ≥ 2 with `relative_step`, else 1.
 
         Args:
           p: a parameter tensor (the value the optimizer state is initialised with).
@@ -233,7 +250,10 @@ class NormMLPLOpt(LearnedOptimizer):
         """
         if not self.relative_step or jnp.ndim(p) < 2 or jnp.size(p) == 0:
             return jnp.ones((), jnp.float32)
-        return jnp.maximum(_rms(jnp.asarray(p, jnp.float32)), self.relative_floor)
+        scale = jnp.maximum(_rms(jnp.asarray(p, jnp.float32)), self.relative_floor)
+        if self.fan_in_ref > 0:
+            scale = scale * math.sqrt(self.fan_in_ref / math.prod(jnp.shape(p)[:-1]))
+        return scale
 
     def prior_schedule(self, iteration: jax.Array, num_steps: Optional[Any]) -> jax.Array:
         """σ(t, N), the prior schedule the learned step size multiplies.

@@ -163,3 +163,30 @@ def test_relative_step_and_cosine_prior_schedule():
         lopt.NormMLPLOpt(schedule="linear")
     with pytest.raises(ValueError, match="relative_floor"):
         lopt.NormMLPLOpt(relative_floor=0.0)
+
+
+def test_fan_in_ref_gives_mup_steps():
+    """With fan_in_ref c₀ a matrix's relative step is also scaled by √(c₀ / fan_in), fan_in the product
+    of every axis but the last: a [4, 3] matrix at c₀ = 16 steps 2x, a [2, 2, 4, 5] conv kernel
+    (fan_in 16) 1x; vectors stay absolute. Off (0), the steps are relative_step's alone."""
+    kw = dict(base_lr=0.1, normalize_update=False, relative_step=True, relative_floor=1e-2, **TINY)
+    params = {"w": jnp.full((4, 3), 2.0), "k": jnp.full((2, 2, 4, 5), 0.5), "b": jnp.zeros((3,))}
+    grads = jax.tree_util.tree_map(lambda p: jnp.ones_like(p), params)
+
+    def first(lo):
+        theta = lo.init(jax.random.key(0))
+        theta["mlp"]["output"]["w"] = jnp.zeros_like(theta["mlp"]["output"]["w"])
+        tx = lo.opt_fn(theta)
+        return tx.update(grads, tx.init(params), params)[0]
+
+    plain, mup = first(lopt.NormMLPLOpt(**kw)), first(lopt.NormMLPLOpt(fan_in_ref=16.0, **kw))
+    np.testing.assert_allclose(plain["w"], -0.1 * 2.0, rtol=1e-4)
+    np.testing.assert_allclose(mup["w"], -0.1 * 2.0 * 2.0, rtol=1e-4)
+    np.testing.assert_allclose(mup["k"], plain["k"], rtol=1e-6)
+    np.testing.assert_allclose(mup["k"], -0.1 * 0.5, rtol=1e-4)
+    np.testing.assert_allclose(mup["b"], plain["b"], rtol=1e-6)
+    assert lopt.NormMLPLOpt(fan_in_ref=16.0, **kw).config()["fan_in_ref"] == 16.0
+    with pytest.raises(ValueError, match="needs relative_step"):
+        lopt.NormMLPLOpt(fan_in_ref=16.0)
+    with pytest.raises(ValueError, match="fan_in_ref must be >= 0"):
+        lopt.NormMLPLOpt(fan_in_ref=-1.0, relative_step=True)
