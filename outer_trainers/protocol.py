@@ -40,7 +40,7 @@ from outer_trainers.evaluation import best_runs, check_learning_rates, final_los
 from tasks.base import TaskFamily
 
 __all__ = ["baseline", "baseline_names", "default_lrs", "tune_learning_rate", "run_fixed", "grid_edge", "smoothed",
-           "steps_to_reach", "diverged", "compare_runs", "iqm", "summarize"]
+           "steps_to_reach", "diverged", "stability", "compare_runs", "iqm", "summarize"]
 
 MakeTx = Callable[[Any], optax.GradientTransformation]
 _GRIDS = {"adam": (1e-4, 1e-1), "adamw": (1e-4, 1e-1), "sgdm": (1e-3, 1.0)}
@@ -241,6 +241,32 @@ def diverged(run: dict) -> bool:
       True when the run diverged.
     """
     return bool(not np.all(np.isfinite(run["losses"])) or not np.all(np.isfinite(run["evals"])))
+
+
+def stability(run: dict) -> dict:
+    """Whether each seed of a (long) run stayed finite and ended below where it started.
+
+    A seed passes when every train loss and its held-out loss are finite and its final train loss
+    (mean of the last 10% of steps, `final_loss`) is below its initial one (mean of the first 1%,
+    at least one step): the "never diverges" check of a learned optimizer run past its
+    meta-training horizon.
+
+    Args:
+      run: a run dict ("losses" [S, T], "evals" [S]).
+
+    Returns:
+      `{"initial", "final", "max", "eval": [S] lists (non-finite as NaN), "ok": [S] bools, "all_ok": bool}`.
+    """
+    losses = np.asarray(run["losses"], np.float64)
+    evals = np.asarray(run["evals"], np.float64)
+    head = max(1, losses.shape[-1] // 100)
+    initial = losses[:, :head].mean(axis=-1)
+    final = final_loss(losses)
+    finite = np.all(np.isfinite(losses), axis=-1) & np.isfinite(evals)
+    ok = finite & (final < initial)
+    peak = [float(row[~np.isnan(row)].max()) if not np.isnan(row).all() else float("nan") for row in losses]
+    return {"initial": initial.tolist(), "final": final.tolist(), "max": peak, "eval": evals.tolist(),
+            "ok": ok.tolist(), "all_ok": bool(ok.all())}
 
 
 def compare_runs(run: dict, base: dict) -> dict:

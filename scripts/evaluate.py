@@ -32,6 +32,13 @@ output_dir (refusing to replace an earlier evaluation's files unless --overwrite
 
 Every argument is checked, and every suite task's data loaded, before any training or file is
 written (`check_arguments`).
+
+The stability check replaces the comparison with `--stress_steps N`: each learned optimizer
+(no baselines) trains every task of the suite (or of `--task`) for N steps, told the horizon N, and
+a seed fails when a loss goes non-finite or the final train loss is not below the initial one
+(`stress`; stress.json and stress.md; exit status 1 on a failure):
+
+    python scripts/evaluate.py --suite heldout-cpu --optimizer pretrained:NAME --stress_steps 8000 --output_dir st/
 """
 from __future__ import annotations
 
@@ -124,6 +131,48 @@ def _labels(specs: Sequence[str]) -> list[str]:
     return labels
 
 
+def task_draws(family: TaskFamily, seeds: Sequence[int]) -> tuple[Any, jax.Array]:
+    """The task cfgs and run keys of `seeds`: seed s draws its cfg from `fold_in(key(s), 0)` and runs
+    with `fold_in(key(s), 1)`, so every optimizer sees the same tasks and initialisations.
+
+    Args:
+      family: the task family.
+      seeds: one task draw and run key per seed.
+
+    Returns:
+      (cfgs batched over seeds, run keys [S]).
+    """
+    keys = [jax.random.key(s) for s in seeds]
+    cfgs = jax.vmap(family.sample)(jnp.stack([jax.random.fold_in(k, 0) for k in keys]))
+    return cfgs, jnp.stack([jax.random.fold_in(k, 1) for k in keys])
+
+
+def run_learned(opt: dict, family: TaskFamily, num_steps: int, cfgs: Any, run_keys: jax.Array, *,
+                eval_split: str, sequential: bool) -> dict:
+    """Trains every seed with a learned optimizer (a theta file or a pretrained one), told `num_steps`.
+
+    Args:
+      opt: a `resolve_optimizer` result of kind "theta" or "pretrained".
+      family: the task family `cfgs` were drawn from.
+      num_steps: training steps per run, also the optimizer's horizon.
+      cfgs: S task cfgs.
+      run_keys: S run keys.
+      eval_split: the data split of the held-out loss after training.
+      sequential: run the seeds one after another in the program.
+
+    Returns:
+      `protocol.run_fixed`'s run dict.
+    """
+    common = dict(eval_split=eval_split, sequential=sequential)
+    if opt["kind"] == "theta":
+        lo = opt["learned_opt"]
+        return protocol.run_fixed(family, opt["label"], lambda th: lo.opt_fn(th, num_steps=num_steps), opt["theta"],
+                                  cfgs, run_keys, num_steps, **common)
+    load = opt["module"].load
+    return protocol.run_fixed(family, opt["label"], lambda _: load(opt["name"], num_steps=num_steps),
+                              jnp.zeros(()), cfgs, run_keys, num_steps, **common)
+
+
 def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizers: Sequence[dict],
              baselines: Sequence[str], grids: dict, eval_split: str, *, momentum: float = 0.9,
              weight_decay: float = 1e-2, max_extensions: int = 4) -> tuple[list[dict], dict]:
@@ -149,9 +198,7 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
       (runs, seconds): the run dicts (`{"optimizer", "learning_rate" (NaN for a learned optimizer),
       "losses" [S, num_steps], "evals" [S]}`, float64), optimizers first, and {name: wall seconds}.
     """
-    keys = [jax.random.key(s) for s in seeds]
-    cfgs = jax.vmap(family.sample)(jnp.stack([jax.random.fold_in(k, 0) for k in keys]))
-    run_keys = jnp.stack([jax.random.fold_in(k, 1) for k in keys])
+    cfgs, run_keys = task_draws(family, seeds)
     common = dict(eval_split=eval_split, sequential=isinstance(family, ConvFamily))  # see make_task_trainer
     runs, seconds, tuned = [], {}, set()
 
@@ -166,14 +213,8 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
             runs += tune(opt["label"], opt["spec"])
             if opt["label"] == opt["spec"]:
                 tuned.add(opt["spec"])  # a baseline evaluated as an optimizer is not tuned twice
-        elif opt["kind"] == "theta":
-            lo = opt["learned_opt"]
-            runs.append(protocol.run_fixed(family, opt["label"], lambda th: lo.opt_fn(th, num_steps=num_steps),
-                                           opt["theta"], cfgs, run_keys, num_steps, **common))
         else:
-            load = opt["module"].load
-            runs.append(protocol.run_fixed(family, opt["label"], lambda _: load(opt["name"], num_steps=num_steps),
-                                           jnp.zeros(()), cfgs, run_keys, num_steps, **common))
+            runs.append(run_learned(opt, family, num_steps, cfgs, run_keys, **common))
         seconds[opt["label"]] = time.perf_counter() - start
     for name in baselines:
         if name in tuned:
@@ -477,6 +518,84 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     return {"results": results, "comparisons": comparisons, "summary": summary, "json": doc}
 
 
+STRESS_FILES = ("stress.json", "stress.md")
+
+
+@gin.configurable
+def stress(output_dir: str, *, stress_steps: int, optimizers: Sequence[str] = (), theta_path: Optional[str] = None,
+           suite: Optional[str] = None, tasks: Sequence[Any] = (), num_seeds: int = 3, eval_split: str = "test",
+           overwrite: bool = False) -> dict:
+    """The stability check: every learned optimizer trains every task for `stress_steps` steps.
+
+    Each optimizer is told the horizon `stress_steps` (as a user would call `opt_fn(theta,
+    num_steps=...)` or `lopt.pretrained.load(name, num_steps=...)`) and trains each task once per
+    seed (the suite's seeds, or `num_seeds` of `tasks`), with the same draws as `evaluate`. A seed
+    passes when its losses stay finite and its final train loss ends below its initial one
+    (`protocol.stability`). Meant for horizons past the meta-training ones (issue #17's bar: 4x)
+    and for tasks wider than any meta-training task. Writes stress.json and stress.md.
+
+    Args:
+      output_dir: where the two files go (created if missing).
+      stress_steps: the training steps (and horizon) of every run (>= 1).
+      optimizers: learned optimizers: theta or checkpoint file paths, or "pretrained:NAME".
+      theta_path: one more theta file.
+      suite: a `tasks.suites` name; its tasks bring their seeds and eval split (not their budgets).
+      tasks: Tasks or TaskFamilies instead of a suite.
+      num_seeds: task draws per task of `tasks`.
+      eval_split: the data split of the held-out loss of `tasks`.
+      overwrite: replace the files of an earlier stability check in `output_dir` (otherwise refused).
+
+    Returns:
+      `{"stress_steps", "optimizers", "tasks": {task: {optimizer: protocol.stability(...)}}, "failures":
+      ["task / optimizer"], "all_ok"}` (also stress.json's content).
+
+    Raises:
+      ValueError: as `check_arguments`, or a baseline among `optimizers` (a baseline needs a tuned rate).
+    """
+    specs = list(optimizers) + ([theta_path] if theta_path else [])
+    plan = check_arguments(output_dir, specs, suite, tasks, stress_steps, num_seeds, (), {}, 0.9, eval_split)
+    baselines = [s for s in specs if s in protocol.baseline_names()]
+    if baselines:
+        raise ValueError(f"evaluate: the stability check (--stress_steps) runs learned optimizers only; {baselines} "
+                         f"are baselines, which need a tuned learning rate (use the comparison instead)")
+    existing = [f for f in STRESS_FILES if os.path.exists(os.path.join(output_dir, f))]
+    if existing and not overwrite:
+        raise ValueError(f"evaluate: {output_dir} already holds a stability check ({', '.join(existing)}); "
+                         f"choose another --output_dir or pass --overwrite to replace it")
+    opts = [resolve_optimizer(s, label) for s, label in zip(specs, _labels(specs))]
+    out, failures, start = {}, [], time.perf_counter()
+    rows = ["| task | optimizer | seed | initial | final | max | held-out | |", "|---|---|---|---|---|---|---|---|"]
+    for name, family, _, seeds, split in plan:
+        cfgs, run_keys = task_draws(family, seeds)
+        out[name] = {}
+        for opt in opts:
+            t0 = time.perf_counter()
+            run = run_learned(opt, family, stress_steps, cfgs, run_keys, eval_split=split,
+                              sequential=True)  # long runs: one seed at a time keeps memory flat
+            st = protocol.stability(run)
+            out[name][opt["label"]] = {**st, "seeds": list(seeds), "seconds": time.perf_counter() - t0}
+            if not st["all_ok"]:
+                failures.append(f"{name} / {opt['label']}")
+            for i, seed in enumerate(seeds):
+                rows.append(f"| {name} | {opt['label']} | {seed} | {_num(st['initial'][i], '.4g')} | "
+                            f"{_num(st['final'][i], '.4g')} | {_num(st['max'][i], '.4g')} | {_num(st['eval'][i], '.4g')} "
+                            f"| {'ok' if st['ok'][i] else '**FAIL**'} |")
+            print(f"{name} / {opt['label']}: {'ok' if st['all_ok'] else 'FAIL'} (final {_num(max(st['final']), '.4g')}, "
+                  f"initial {_num(min(st['initial']), '.4g')}) in {time.perf_counter() - t0:.0f} s", flush=True)
+    doc = _json_safe({"stress_steps": stress_steps, "suite": suite, "optimizers": {o["label"]: o["spec"] for o in opts},
+                      "tasks": out, "failures": failures, "all_ok": not failures,
+                      "seconds": time.perf_counter() - start})
+    os.makedirs(output_dir, exist_ok=True)
+    atomic_write_bytes(os.path.join(output_dir, "stress.json"), json.dumps(doc, indent=1).encode("utf-8"))
+    verdict = "every run passed" if not failures else f"FAILED: {', '.join(failures)}"
+    text = (f"# Stability check: {stress_steps} steps\n\nEach optimizer told the horizon {stress_steps}; a seed "
+            f"passes when its losses stay finite and the final train loss (mean of the last 10% of steps) is below "
+            f"the initial one (mean of the first 1%). {verdict}.\n\n" + "\n".join(rows) + "\n")
+    atomic_write_bytes(os.path.join(output_dir, "stress.md"), text.encode("utf-8"))
+    print(verdict)
+    return doc
+
+
 def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[str], tasks: Sequence[Any],
                     num_steps: int, num_seeds: int, baselines: Sequence[str], grids: dict, momentum: float,
                     eval_split: str, max_extensions: int = 4) -> list[tuple]:
@@ -590,6 +709,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--num_seeds", type=int, help="task draws per --task task (sets evaluate.num_seeds)")
     p.add_argument("--gin_file", action="append", default=[], help="gin config file (repeatable)")
     p.add_argument("--gin_param", action="append", default=[], help="gin binding, e.g. 'evaluate.num_steps = 100'")
+    p.add_argument("--stress_steps", type=int,
+                   help="instead of the comparison, the stability check: each learned optimizer trains every task "
+                        "this many steps (told this horizon); fails when a loss goes non-finite or ends above its start")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation's files in --output_dir")
     return p.parse_args(argv)
 
@@ -615,9 +737,17 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     for flag in ("num_steps", "num_seeds"):
         if getattr(args, flag) is not None:
             params.append(f"evaluate.{flag} = {getattr(args, flag)}")
+    if args.stress_steps is not None:
+        if args.baselines is not None or args.num_steps is not None:
+            raise SystemExit("error: --stress_steps replaces the comparison: it takes no --baselines or --num_steps")
+        params = [p.replace("evaluate.", "stress.", 1) if p.startswith("evaluate.") else p for p in params]
+        params.append(f"stress.stress_steps = {args.stress_steps}")
+        load_config(args.gin_file, params)
+        return stress(args.output_dir)
     load_config(args.gin_file, params)
     return evaluate(args.output_dir)
 
 
 if __name__ == "__main__":
-    main()
+    if main().get("all_ok") is False:
+        raise SystemExit(1)

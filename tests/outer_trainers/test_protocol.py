@@ -123,3 +123,19 @@ def test_baselines_and_default_grids():
     adamw = protocol.baseline("adamw", weight_decay=0.5)(0.1)
     u, _ = adamw.update({"w": jnp.zeros(3)}, adamw.init(params), params)
     np.testing.assert_allclose(u["w"], -0.1 * 0.5 * 1.0, rtol=1e-6)  # zero gradient: only the decoupled decay
+
+
+def test_stability_passes_a_seed_that_stays_finite_and_ends_below_its_start():
+    t = 200
+    down = np.linspace(2.0, 0.5, t)
+    spike_back = np.concatenate([np.linspace(2.0, 0.5, t // 2), np.full(t // 2, 3.0)])  # ends above its start
+    nan_mid = down.copy()
+    nan_mid[50] = np.nan
+    run = {"losses": np.stack([down, spike_back, nan_mid]), "evals": np.asarray([0.6, 0.7, 0.6])}
+    st = protocol.stability(run)
+    assert st["ok"] == [True, False, False] and not st["all_ok"]
+    np.testing.assert_allclose(st["initial"][0], np.mean(down[:2]))  # the first 1% (2 steps)
+    np.testing.assert_allclose(st["final"][0], np.mean(down[-20:]))  # the last 10%
+    assert st["max"][1] == 3.0 and st["max"][2] == 2.0  # NaNs are skipped in the peak
+    run["evals"] = np.asarray([np.inf, 0.7, 0.6])  # a non-finite held-out loss fails the seed too
+    assert protocol.stability({"losses": run["losses"][:1], "evals": run["evals"][:1]})["ok"] == [False]

@@ -225,3 +225,32 @@ def test_curves_of_positive_losses_get_a_log_axis_with_a_positive_bottom(evaluat
     saturated[:, -3:] = 0.0  # a cross-entropy that reached exactly 0 keeps the log axis (clipped)
     evaluate_script.plot_curves(str(tmp_path / "zero.png"), {"q": [{**runs[0], "losses": saturated}]})
     assert figures[1].axes[0].get_yscale() == "log" and figures[1].axes[0].get_ylim()[0] > 0
+
+
+def test_stress_steps_checks_each_learned_optimizer_at_the_given_horizon(evaluate_script, tmp_path, capsys):
+    good = _theta(tmp_path)
+    lo = lopt.LearnableSGD(0.1)
+    bad = str(tmp_path / "bad.msgpack")  # SGD at rate 10 blows up on the dim-4 quadratic
+    lopt.save_theta(bad, lo, jax.tree_util.tree_map(lambda x: x + np.log(100.0), lo.init(jax.random.key(0))))
+    out = tmp_path / "stress"
+    doc = evaluate_script.main(["--optimizer", good, "--optimizer", bad, "--task", "QuadraticFamily(dim=4)",
+                                "--num_seeds", "2", "--stress_steps", "40", "--output_dir", str(out)])
+    assert doc["stress_steps"] == 40 and not doc["all_ok"] and doc["failures"] == ["quadratic_dim4 / bad"]
+    entry = doc["tasks"]["quadratic_dim4"]
+    assert entry["theta"]["ok"] == [True, True] and entry["bad"]["ok"] == [False, False]
+    saved = _strict_json(out / "stress.json")
+    assert saved["failures"] == ["quadratic_dim4 / bad"] and saved["tasks"]["quadratic_dim4"]["theta"]["seeds"] == [0, 1]
+    assert "FAILED: quadratic_dim4 / bad" in (out / "stress.md").read_text()
+    assert not (out / "results.json").exists()  # no comparison was run
+    gin.clear_config()
+    with pytest.raises(ValueError, match="already holds a stability check"):
+        evaluate_script.main(["--optimizer", good, "--task", "QuadraticFamily(dim=4)", "--stress_steps", "40",
+                              "--output_dir", str(out)])
+    gin.clear_config()
+    with pytest.raises(ValueError, match="learned optimizers only"):
+        evaluate_script.main(["--optimizer", "adam", "--task", "QuadraticFamily(dim=4)", "--stress_steps", "40",
+                              "--output_dir", str(tmp_path / "s2")])
+    gin.clear_config()
+    with pytest.raises(SystemExit, match="no --baselines"):
+        evaluate_script.main(["--optimizer", good, "--baselines", "adam", "--task", "QuadraticFamily(dim=4)",
+                              "--stress_steps", "40", "--output_dir", str(tmp_path / "s3")])
