@@ -189,14 +189,16 @@ class NormMLPLOpt(LearnedOptimizer):
         return len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
 
     def config(self) -> dict:
-        return dict(hidden_size=self.hidden_size, hidden_layers=self.hidden_layers, decays=list(self.decays),
+        # fan_in_ref appears only when set, so the configs (and theta files) written before it existed are unchanged
+        extra = {"fan_in_ref": self.fan_in_ref} if self.fan_in_ref > 0 else {}
+        return dict(**extra, hidden_size=self.hidden_size, hidden_layers=self.hidden_layers, decays=list(self.decays),
                     rms_decay=self.rms_decay, base_lr=self.base_lr, log_lr_range=self.log_lr_range,
                     clip_value=self.clip_value, residual_init=self.residual_init,
                     lr_hidden_size=self.lr_hidden_size, timescales=list(self.timescales),
                     use_num_steps=self.use_num_steps, orthogonalize=self.orthogonalize,
                     vector_rule=self.vector_rule, normalize_update=self.normalize_update,
                     residual_bound=self.residual_bound, schedule=self.schedule, relative_step=self.relative_step,
-                    relative_floor=self.relative_floor, fan_in_ref=self.fan_in_ref)
+                    relative_floor=self.relative_floor)
 
     def init(self, key: jax.Array) -> dict:
         """Initial theta: normalized Adam at `base_lr` plus a small random residual.

@@ -190,3 +190,4 @@ def test_fan_in_ref_gives_mup_steps():
         lopt.NormMLPLOpt(fan_in_ref=16.0)
     with pytest.raises(ValueError, match="fan_in_ref must be >= 0"):
         lopt.NormMLPLOpt(fan_in_ref=-1.0, relative_step=True)
+    assert "fan_in_ref" not in lopt.NormMLPLOpt(**kw).config()  # configs written before it existed are unchanged
