@@ -587,7 +587,7 @@ def stress(output_dir: str, *, stress_steps: int, optimizers: Sequence[str] = ()
                       "seconds": time.perf_counter() - start})
     os.makedirs(output_dir, exist_ok=True)
     atomic_write_bytes(os.path.join(output_dir, "stress.json"), json.dumps(doc, indent=1).encode("utf-8"))
-    verdict = "every run passed" if not failures else f"FAILED: {', '.join(failures)}"
+    verdict = "Every run passed" if not failures else f"FAILED: {', '.join(failures)}"
     text = (f"# Stability check: {stress_steps} steps\n\nEach optimizer told the horizon {stress_steps}; a seed "
             f"passes when its losses stay finite and the final train loss (mean of the last 10% of steps) is below "
             f"the initial one (mean of the first 1%). {verdict}.\n\n" + "\n".join(rows) + "\n")

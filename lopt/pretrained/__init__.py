@@ -10,8 +10,9 @@ Each shipped optimizer NAME is two files in this package: NAME.msgpack, its thet
 the gin config it was meta-trained from, the command that re-creates it, the git commit, the
 meta-training steps, hours and hardware, what it was measured to do on held-out tasks against
 tuned Adam (including where it loses), the licence and the SHA-256 of the theta file, which
-`load` checks. This version ships "normmlp_v2" (docs/pretrained.md has its measurements, where it
-loses, and the bars it does not yet clear).
+`load` checks, and optionally the range of meta-training horizons ("meta_training_horizons", [min,
+max] steps; `load` warns past max). This version ships "normmlp_v3", the best, and "normmlp_v2"
+(docs/pretrained.md has their measurements and where they lose).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import hashlib
 import json
 import numbers
 import os
+import warnings
 from typing import Any, Optional
 
 import optax
@@ -137,6 +139,9 @@ def load(name: str, num_steps: Optional[int] = None) -> optax.GradientTransforma
     Raises:
       ValueError: `name` is not shipped, its files are damaged, or `num_steps` is missing or not a
         positive integer where the optimizer needs it.
+
+    Warns (UserWarning) when `num_steps` exceeds the longest meta-training horizon the provenance
+    records ("meta_training_horizons").
     """
     learned_opt, theta = load_learned_optimizer_by_name(name)
     needs_horizon = bool(getattr(learned_opt, "use_num_steps", False))
@@ -146,4 +151,9 @@ def load(name: str, num_steps: Optional[int] = None) -> optax.GradientTransforma
                          f"lopt.pretrained.load({name!r}, num_steps=1000)")
     if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1):
         raise ValueError(f"num_steps must be a positive int (the training horizon), got {num_steps!r}")
+    horizons = info(name).get("meta_training_horizons")
+    if num_steps is not None and horizons and num_steps > horizons[1]:
+        warnings.warn(f"pretrained optimizer {name!r} was meta-trained on horizons of {horizons[0]}-{horizons[1]} steps; "
+                      f"at num_steps={num_steps} it is outside them (docs/pretrained.md measures it at 4x: finite, but "
+                      f"often ending at a higher loss than with a shorter horizon)", stacklevel=2)
     return learned_opt.opt_fn(theta, num_steps=num_steps)

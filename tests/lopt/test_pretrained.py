@@ -8,6 +8,7 @@ initialised theta, so the machinery is tested whether or not a meta-trained thet
 import hashlib
 import json
 import os
+import warnings
 
 import gin
 import jax
@@ -90,11 +91,11 @@ def stand_in(tmp_path, monkeypatch):
 
 
 def test_shipped_optimizers_meet_the_contract():
-    """Every NAME.msgpack ships with its NAME.json and meets the contract; normmlp_v2 is shipped."""
+    """Every NAME.msgpack ships with its NAME.json and meets the contract; normmlp_v2 and normmlp_v3 are shipped."""
     files = os.listdir(os.path.dirname(lopt.pretrained.__file__))
     data = sorted(os.path.splitext(f)[0] for f in files if f.endswith((".msgpack", ".json")))
     assert data == sorted(n for n in lopt.pretrained.names() for _ in range(2)), f"unpaired files: {data}"
-    assert "normmlp_v2" in lopt.pretrained.names()
+    assert {"normmlp_v2", "normmlp_v3"} <= set(lopt.pretrained.names())
     for name in lopt.pretrained.names():
         check_shipped(name)
 
@@ -119,3 +120,13 @@ def test_unknown_name_missing_horizon_and_damaged_file_are_refused(stand_in):
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="damaged or was replaced"):
         lopt.pretrained.load(RECIPE, num_steps=10)
+
+
+def test_a_horizon_past_the_meta_training_ones_warns():
+    """load warns when num_steps exceeds the longest recorded meta-training horizon, and only then."""
+    longest = lopt.pretrained.info("normmlp_v3")["meta_training_horizons"][1]
+    with pytest.warns(UserWarning, match=f"meta-trained on horizons of 100-{longest} steps; at num_steps={4 * longest}"):
+        lopt.pretrained.load("normmlp_v3", num_steps=4 * longest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lopt.pretrained.load("normmlp_v3", num_steps=longest)
