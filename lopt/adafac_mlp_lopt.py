@@ -157,7 +157,7 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: int 
     row_mean = jnp.mean(acc.row, axis=-1, keepdims=True)
     starts = ft.block_starts(rows, br)
 
-    def body(i, total):
+    def block_sums(i):
         s = starts[i]
         sl = lambda x, axis: jax.lax.dynamic_slice_in_dim(x, s, br, axis=axis)
         feats = leaf_features(sl(g, 0), sl(p, 0), LeafAccum(sl(acc.m, 1), sl(acc.v, 0), sl(acc.row, 1), acc.col),
@@ -165,12 +165,10 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: int 
         valid = (s + jnp.arange(br) >= i * br).astype(g.dtype)[:, None]  # overlapped rows count once
         x = jnp.stack(jax.lax.optimization_barrier([jnp.broadcast_to(f, (br, cols)) * valid for f in feats]))
         x = x.reshape(x.shape[0], -1)
-        return total + jnp.einsum("fk,fk->f", x, x)  # a batched dot: no [F, rows, cols] of squares
+        return jnp.einsum("fk,fk->f", x, x)  # a batched dot: no [F, rows, cols] of squares
 
-    n_feat = num_leaf_features(acc.m.shape[0], acc.row.shape[0])
-    # the carry starts from the first block's sums, so it has their type also inside shard_map
-    total = body(0, jnp.zeros((n_feat,), jnp.float32))
-    return jax.lax.fori_loop(1, starts.shape[0], body, total) / g.size
+    # one traced body for every block (a fori_loop's carry would need a first block traced outside it)
+    return jnp.sum(jax.lax.map(block_sums, jnp.arange(starts.shape[0])), axis=0) / g.size
 
 
 def _matrix_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum) -> jax.Array:

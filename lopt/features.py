@@ -196,8 +196,14 @@ def block_starts(n: int, c: int) -> jax.Array:
     return jnp.minimum(jnp.arange(-(-n // c), dtype=jnp.int32) * c, n - c)
 
 
-def blockwise_map(fn, n: int, c: int, out_rows: int) -> jax.Array:
-    """[out_rows, n] assembled from fn(start) -> [out_rows, c] over the blocks (in place)."""
+def blockwise_map(fn, n: int, c: int, out_rows: int, like: Optional[jax.Array] = None) -> jax.Array:
+    """[out_rows, n] assembled from fn(start) -> [out_rows, c] over the blocks of `block_starts`, in place.
+
+    The blocks run in one `fori_loop` (fn is traced once, so a tensor of many blocks compiles no
+    bigger than one of two). Inside `shard_map`, where fn's values vary over the mesh axis, the
+    loop's carry must vary too: pass `like`, an [n] array of fn's inputs (e.g. the gradient), and
+    the carry starts as `0 · like` (its values are all overwritten by the blocks).
+    """
     starts = block_starts(n, c)
     if starts.shape[0] == 1:
         return fn(starts[0])
@@ -205,7 +211,7 @@ def blockwise_map(fn, n: int, c: int, out_rows: int) -> jax.Array:
     def body(i, out):
         return jax.lax.dynamic_update_slice_in_dim(out, fn(starts[i]), starts[i], axis=1)
 
-    # the carry starts from the first block's output (not a constant zeros) so that it has that
-    # output's type also inside shard_map, where fn's values vary over the mesh axis
-    out = body(0, jnp.zeros((out_rows, n), jnp.float32))
-    return jax.lax.fori_loop(1, starts.shape[0], body, out)
+    out = jnp.zeros((out_rows, n), jnp.float32)
+    if like is not None:
+        out = out + 0.0 * jnp.asarray(like, jnp.float32).reshape(1, n)
+    return jax.lax.fori_loop(0, starts.shape[0], body, out)

@@ -202,7 +202,7 @@ class MLPLOpt(LearnedOptimizer):
                     # concatenate, which its CPU backend emits as slow per-element code (4 vs 5.3 ms)
                     return jnp.stack(jax.lax.optimization_barrier(feats))
 
-                step = ft.blockwise_map(lambda start: to_step(mlp_columns(w1t, first_bias, block(start))), n, c, 1)[0]
+                step = ft.blockwise_map(lambda start: to_step(mlp_columns(w1t, first_bias, block(start))), n, c, 1, like=g32)[0]
             return ((-step).reshape(jnp.shape(p)).astype(jnp.result_type(p)), m.reshape((k,) + jnp.shape(p)),
                     v.reshape(jnp.shape(p)))
 
