@@ -255,7 +255,8 @@ def stability(run: dict) -> dict:
       run: a run dict ("losses" [S, T], "evals" [S]).
 
     Returns:
-      `{"initial", "final", "max", "eval": [S] lists (non-finite as NaN), "ok": [S] bools, "all_ok": bool}`.
+      `{"initial", "final", "max", "eval": [S] float lists (possibly non-finite; "max" skips NaN steps),
+      "ok": [S] bools, "all_ok": bool}`.
     """
     losses = np.asarray(run["losses"], np.float64)
     evals = np.asarray(run["evals"], np.float64)

@@ -107,6 +107,11 @@ def load_learned_optimizer_by_name(name: str) -> tuple[LearnedOptimizer, Any]:
       ValueError: `name` is not shipped, or its theta file does not have the recorded checksum or
         architecture (a damaged or replaced file).
     """
+    return _load(name)[1:]
+
+
+def _load(name: str) -> tuple[dict, LearnedOptimizer, Any]:
+    """(provenance, architecture, theta) of a shipped optimizer, the theta file checked (see above)."""
     record = info(name)
     path = theta_path(name)
     with open(path, "rb") as f:
@@ -118,7 +123,7 @@ def load_learned_optimizer_by_name(name: str) -> tuple[LearnedOptimizer, Any]:
     if learned_opt.name != record["architecture"]:
         raise ValueError(f"pretrained optimizer {name!r}: its theta file holds {learned_opt.name}, but its provenance "
                          f"records {record['architecture']}")
-    return learned_opt, theta
+    return record, learned_opt, theta
 
 
 def load(name: str, num_steps: Optional[int] = None) -> optax.GradientTransformationExtraArgs:
@@ -143,7 +148,7 @@ def load(name: str, num_steps: Optional[int] = None) -> optax.GradientTransforma
     Warns (UserWarning) when `num_steps` exceeds the longest meta-training horizon the provenance
     records ("meta_training_horizons").
     """
-    learned_opt, theta = load_learned_optimizer_by_name(name)
+    record, learned_opt, theta = _load(name)
     needs_horizon = bool(getattr(learned_opt, "use_num_steps", False))
     if num_steps is None and needs_horizon:
         raise ValueError(f"pretrained optimizer {name!r} schedules its step size by training progress: pass "
@@ -151,7 +156,7 @@ def load(name: str, num_steps: Optional[int] = None) -> optax.GradientTransforma
                          f"lopt.pretrained.load({name!r}, num_steps=1000)")
     if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1):
         raise ValueError(f"num_steps must be a positive int (the training horizon), got {num_steps!r}")
-    horizons = info(name).get("meta_training_horizons")
+    horizons = record.get("meta_training_horizons")
     if num_steps is not None and horizons and num_steps > horizons[1]:
         warnings.warn(f"pretrained optimizer {name!r} was meta-trained on horizons of {horizons[0]}-{horizons[1]} steps; "
                       f"at num_steps={num_steps} it is outside them (docs/pretrained.md measures it at 4x: finite, but "
