@@ -18,7 +18,8 @@ constant over a tensor, so its first-layer contribution is computed once per upd
 as a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS normalisation is
 folded into the first layer's rows, W1' = diag(1/rms) W1, so features are never rescaled.
 Tensors of at least `column_min_size` parameters are processed in blocks of `chunk_size`
-parameters (the last block overlaps the one before it, so every block is full): each block's
+parameters (the last block overlaps the one before it, so every block is full; by default
+`features.default_block_size()`: 4096 on one device, 1024 with one CPU device per core): each block's
 [F, c] features are formed from slices of the accumulators and the MLP runs on them
 column-major, h = relu(W1'ᵀ x + b), writing the block's update in place. No [F, N] feature
 array or [H, N] activation ever exists (at 1M parameters the old padded [blocks, F, c] layout
@@ -41,9 +42,6 @@ from lopt.base import LearnedOptimizer
 from lopt.nn import per_param_mlp_init, shared_bias
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
-# parameters per block: under vmap over 16 particles a block's [16, H, c] activations stay near cache
-# (issue #16: ~9% faster than 16384 on a 4-layer image MLP's PES estimate, the same on smaller models)
-CHUNK = 4096
 COLUMN_MIN_SIZE = 256  # smaller tensors use the row-major MLP (faster there; measured crossover 100-300)
 
 
@@ -113,17 +111,20 @@ class MLPLOpt(LearnedOptimizer):
       timescales: τ of the step embedding tanh(t/τ − 1).
       use_num_steps: also feed the progress features (min(t/N, 1), log1p(N)/10, 1), N the
         `num_steps` given to `opt_fn` (zeros when it is None).
-      chunk_size: parameters per block of the column-major layout (speed only, not in `config()`).
+      chunk_size: parameters per block of the column-major layout; None: `features.default_block_size()`
+        for the devices present when the update is traced (speed only, not in `config()`).
       column_min_size: tensors smaller than this use the row-major MLP (speed only, not in `config()`).
     """
 
     def __init__(self, hidden_size: int = 32, hidden_layers: int = 2, decays: Sequence[float] = DECAYS,
                  rms_decay: float = 0.999, step_mult: float = 1e-3, exp_mult: float = 1e-3,
                  timescales: Sequence[float] = ft.TIMESCALES, use_num_steps: bool = False,
-                 chunk_size: int = CHUNK, column_min_size: int = COLUMN_MIN_SIZE):
+                 chunk_size: Optional[int] = None, column_min_size: int = COLUMN_MIN_SIZE):
         if hidden_layers < 1 or hidden_size < 1:
             raise ValueError(f"MLPLOpt needs hidden_layers >= 1 and hidden_size >= 1, "
                              f"got {hidden_layers}, {hidden_size}")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"MLPLOpt needs chunk_size >= 1 (or None for the devices' default), got {chunk_size}")
         self.hidden_size = int(hidden_size)
         self.hidden_layers = int(hidden_layers)
         self.decays = tuple(float(d) for d in decays)
@@ -132,9 +133,14 @@ class MLPLOpt(LearnedOptimizer):
         self.exp_mult = float(exp_mult)
         self.timescales = tuple(float(t) for t in timescales)
         self.use_num_steps = bool(use_num_steps)
-        self.chunk_size = int(chunk_size)
+        self.chunk_size = None if chunk_size is None else int(chunk_size)
         self.column_min_size = int(column_min_size)
         self._mom_idx = momentum_index(self.decays)
+
+    @property
+    def block_size(self) -> int:
+        """Parameters per block of the column-major layout: `chunk_size`, or the default for the local devices."""
+        return self.chunk_size or ft.default_block_size()
 
     @property
     def num_features(self) -> int:
@@ -156,6 +162,7 @@ class MLPLOpt(LearnedOptimizer):
         self.check_theta(theta, "MLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mom_idx = self._mom_idx
+        block_size = self.block_size
 
         def init_fn(params):
             return MLPLOptState(*init_accumulators(params, len(self.decays)), jnp.zeros((), jnp.int32))
@@ -193,7 +200,7 @@ class MLPLOpt(LearnedOptimizer):
                 out = mlp_rows(w1t.T, first_bias, jnp.stack(leaf_features(g32, p32, m, v, mom_idx), axis=-1))
                 step = to_step(out.T)[0]
             else:
-                c = min(self.chunk_size, n)
+                c = min(block_size, n)
 
                 def block(start):  # [F, c] features of elements start .. start + c - 1
                     sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)

@@ -100,14 +100,14 @@ def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
 
 
 def gemm_floor_s(lo: lopt.MLPLOpt, n: int, repeats: int = 10) -> tuple[float, float]:
-    """The time of MLPLOpt's three GEMMs alone on n parameters, in its blocks of `lo.chunk_size`.
+    """The time of MLPLOpt's three GEMMs alone on n parameters, in its blocks of `lo.block_size`.
 
     Each block computes W3ᵀ (W2ᵀ (W1ᵀ x)) on a [F, c] slice of a random [F, n] input (an
     optimization barrier between the layers keeps XLA from re-associating the chain) and writes
     the [2, c] result in place, as MLPLOpt's blocks do; no features, ReLU or accumulators.
 
     Args:
-      lo: the MLPLOpt whose `num_features`, `hidden_size`, `hidden_layers` and `chunk_size` count.
+      lo: the MLPLOpt whose `num_features`, `hidden_size`, `hidden_layers` and `block_size` count.
       n: the number of parameters.
       repeats: timed calls (after one warm-up call).
 
@@ -115,7 +115,7 @@ def gemm_floor_s(lo: lopt.MLPLOpt, n: int, repeats: int = 10) -> tuple[float, fl
       (median seconds per call, the GEMMs' FLOP/s at that time).
     """
     from lopt import features as ft
-    f, h, c = lo.num_features, lo.hidden_size, min(lo.chunk_size, n)
+    f, h, c = lo.num_features, lo.hidden_size, min(lo.block_size, n)
     ks = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(ks[0], (f, n), jnp.float32)
     w1 = jax.random.normal(ks[1], (h, f), jnp.float32)

@@ -56,3 +56,15 @@ def test_matches_reference_over_steps(chunk_size, column_min_size):
         got, state = update(grads, state, params)
         chex.assert_trees_all_close(got, want, rtol=2e-4, atol=1e-9)
         assert float(jnp.abs(got["w"]).max()) > 1e-4  # not a trivially tiny update
+
+
+def test_block_size_follows_the_devices_unless_given():
+    """One CPU device (the test process): the 4096 block; an explicit chunk_size wins; 0 is refused.
+    (Several CPU devices give 1024: tests/outer_trainers/test_devices.py.)"""
+    from lopt import features as ft
+    assert len(jax.local_devices()) == 1 or jax.local_devices()[0].platform != "cpu"
+    assert ft.default_block_size() == ft.BLOCK_ONE_DEVICE == 4096
+    assert lopt.MLPLOpt().block_size == 4096 and lopt.MLPLOpt(chunk_size=300).block_size == 300
+    assert "chunk_size" not in lopt.MLPLOpt().config()
+    with pytest.raises(ValueError, match="chunk_size >= 1"):
+        lopt.MLPLOpt(chunk_size=0)

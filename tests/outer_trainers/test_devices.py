@@ -18,10 +18,10 @@ PROBE = ("import jax, outer_trainers as ot; n = ot.use_all_cpu_cores({arg}); "
          "print(n, jax.device_count(), ot.use_all_cpu_cores())")
 
 
-def _probe(env_extra, arg=""):
+def _probe(env_extra, arg="", code=PROBE):
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "JAX_PLATFORMS")}
     env.update(env_extra, JAX_PLATFORMS="cpu")
-    r = subprocess.run([sys.executable, "-c", PROBE.format(arg=arg)], capture_output=True, text=True, env=env,
+    r = subprocess.run([sys.executable, "-c", code.format(arg=arg)], capture_output=True, text=True, env=env,
                        cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return [int(x) for x in r.stdout.split()]
@@ -32,6 +32,13 @@ def test_use_all_cpu_cores_unless_the_user_chose():
     with XLA_FLAGS choosing 1 device it leaves that alone."""
     assert _probe({}, "3") == [3, 3, 0]
     assert _probe({"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, "3") == [0, 1, 0]
+
+
+def test_block_size_with_one_cpu_device_per_core():
+    """With one CPU device per core, MLPLOpt's default block is the per-core 1024 (issue #16)."""
+    code = ("import jax, lopt, outer_trainers as ot; ot.use_all_cpu_cores({arg}); "
+            "print(jax.device_count(), lopt.features.default_block_size(), lopt.MLPLOpt().block_size)")
+    assert _probe({}, "3", code) == [3, 1024, 1024]
 
 
 def test_shard_count_and_mesh_errors():
