@@ -3,18 +3,23 @@
     python scripts/benchmark_optimizers.py                      # 1M and 10M params, writes docs/benchmarks.md
     python scripts/benchmark_optimizers.py --sizes 1M --repeats 30 --no-write
 
-For each model size and optimizer: `jax.jit(tx.update)` is compiled, warmed up, then timed
-`--repeats` times (≥ 20), the optimizers interleaved round-robin so a noisy neighbour slows
-them all alike; the median is reported with its ratio to Adam's median and the bytes of
-optimizer state per parameter. Each sample is one call (`--burst 1`, the default): it starts
-with cold caches, as an update after a forward/backward pass does. `--burst K` times the mean
-of K back-to-back calls instead, which keeps a 1M-parameter model's inputs in cache and so
-flatters memory-bound Adam most (on this machine Adam 1M: 1.5 -> 0.8 ms). The machine's f32
-matmul throughput (median of a big square matmul) gives MLPLOpt's FLOP floor:
-2 · (its per-parameter MLP multiply-adds) · N / throughput. Its GEMM floor (the bar since issue
-#16) is measured instead: the time of its three GEMMs alone, [H, F] @ [F, c], [H, H] @ [H, c],
-[2, H] @ [H, c], at the block size c it uses, over all N parameters (`gemm_floor_s`), i.e. at
-the throughput this machine reaches for those shapes.
+For each model size and optimizer, two things are compiled, warmed up, then timed `--repeats`
+times (≥ 20), the optimizers and the two measures interleaved round-robin so a noisy neighbour
+slows them all alike: `jax.jit(tx.update)`, whose outputs are fresh buffers, and a training step
+(`tx.update` then `optax.apply_updates`) jitted with the parameters and the optimizer state
+donated, as a training loop that donates them runs it. The two differ most for big tensors: on
+this machine a fresh output buffer of tens of MB is page-faulted in on every call (~1.5 µs per
+4 KiB page, a few GB/s), which a donated step, writing in place, never pays. The medians are
+reported with their ratios to Adam's and the bytes of optimizer state per parameter. Each sample
+is one call (`--burst 1`, the default): it starts with cold caches, as an update after a
+forward/backward pass does. `--burst K` times the mean of K back-to-back calls instead, which
+keeps a 1M-parameter model's inputs in cache and so flatters memory-bound Adam most (on this
+machine Adam 1M: 1.5 -> 0.8 ms). The machine's f32 matmul throughput (median of a big square
+matmul) gives MLPLOpt's FLOP floor: 2 · (its per-parameter MLP multiply-adds) · N / throughput.
+Its GEMM floor (the bar since issue #16) is measured instead: the time of its three GEMMs alone,
+[H, F] @ [F, c], [H, H] @ [H, c], [2, H] @ [H, c], over all N parameters in blocks of c
+(`gemm_floor_s`), at the block size of `GEMM_BLOCKS` where they run fastest
+(`best_gemm_floor`), i.e. at the throughput this machine reaches for those shapes.
 The result replaces the "## Optimizer step" section of docs/benchmarks.md (other sections kept).
 """
 from __future__ import annotations
@@ -24,7 +29,7 @@ import os
 import platform
 import statistics
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +41,8 @@ from lopt.file_io import update_markdown_section
 SECTION = "## Optimizer step"
 # layer widths of an MLP whose weights make the model: ~1.0M and ~9.5M parameters
 MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10)}
+# block sizes at which `best_gemm_floor` times MLPLOpt's GEMMs
+GEMM_BLOCKS = (1024, 4096, 16384)
 
 
 def model_params(widths: Sequence[int], key: jax.Array) -> dict:
@@ -136,16 +143,32 @@ def gemm_floor_s(lo: lopt.MLPLOpt, n: int, repeats: int = 10) -> tuple[float, fl
     return t, 2 * mlp_lopt_macs(lo) * n / t
 
 
-def bench_size(widths: Sequence[int], repeats: int, burst: int = 1) -> tuple[int, dict[str, tuple[float, float]]]:
-    """Times one jitted `tx.update` of every optimizer on one model size, the optimizers interleaved.
+class Timing(NamedTuple):
+    """One optimizer's figures on one model size.
+
+    Attributes:
+      update_s: median seconds of one jitted `tx.update` whose outputs are fresh buffers.
+      step_s: median seconds of one jitted training step, `tx.update` then `optax.apply_updates`,
+        with the parameters and the optimizer state donated (written in place), as a training
+        loop that donates them runs it.
+      state_bytes: bytes of optimizer state per parameter.
+    """
+    update_s: float
+    step_s: float
+    state_bytes: float
+
+
+def bench_size(widths: Sequence[int], repeats: int, burst: int = 1) -> tuple[int, dict[str, Timing]]:
+    """Times every optimizer on one model size, the optimizers interleaved: its jitted `tx.update`
+    (fresh output buffers) and its donated training step (see `Timing`).
 
     Args:
       widths: the MLP's layer widths (see `model_params`).
-      repeats: timed samples per optimizer.
+      repeats: timed samples per optimizer and measure.
       burst: back-to-back calls per sample; a sample is their mean time.
 
     Returns:
-      `(number of parameters, {optimizer name: (median seconds per update, state bytes per parameter)})`.
+      `(number of parameters, {optimizer name: Timing})`.
     """
     params = model_params(widths, jax.random.key(0))
     grads = jax.tree_util.tree_map(lambda p: 0.01 * jnp.cos(p), params)
@@ -153,23 +176,55 @@ def bench_size(widths: Sequence[int], repeats: int, burst: int = 1) -> tuple[int
     runs = {}
     for name, tx in optimizers().items():
         state = tx.init(params)
-        f = jax.jit(lambda g, s, p, tx=tx: tx.update(g, s, p, loss=jnp.asarray(1.0)))
-        jax.block_until_ready(f(grads, state, params))
+        update = jax.jit(lambda g, s, p, tx=tx: tx.update(g, s, p, loss=jnp.asarray(1.0)))
+        jax.block_until_ready(update(grads, state, params))
+
+        def train_step(p, s, g, tx=tx):
+            u, s = tx.update(g, s, p, loss=jnp.asarray(1.0))
+            return optax.apply_updates(p, u), s
+
+        step = jax.jit(train_step, donate_argnums=(0, 1))
+        carry = list(jax.block_until_ready(step(jax.tree_util.tree_map(jnp.copy, params), tx.init(params), grads)))
         state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
-        runs[name] = (f, (grads, state, params), state_bytes / n, [])
+        runs[name] = (update, (grads, state, params), step, carry, state_bytes / n, [], [])
     for _ in range(repeats):
-        for f, args, _, times in runs.values():
+        for update, args, step, carry, _, update_times, step_times in runs.values():
             start = time.perf_counter()
             for _ in range(burst):
-                out = f(*args)
+                out = update(*args)
             jax.block_until_ready(out)
-            times.append((time.perf_counter() - start) / burst)
-    return n, {name: (statistics.median(r[3]), r[2]) for name, r in runs.items()}
+            update_times.append((time.perf_counter() - start) / burst)
+            start = time.perf_counter()
+            for _ in range(burst):
+                carry[:] = step(carry[0], carry[1], grads)
+            jax.block_until_ready(carry)
+            step_times.append((time.perf_counter() - start) / burst)
+    return n, {name: Timing(statistics.median(r[5]), statistics.median(r[6]), r[4]) for name, r in runs.items()}
+
+
+def best_gemm_floor(lo: lopt.MLPLOpt, n: int, blocks: Sequence[int] = GEMM_BLOCKS,
+                    repeats: int = 10) -> tuple[int, float, float]:
+    """MLPLOpt's GEMM floor at the block size where this machine runs its three GEMMs fastest.
+
+    Args:
+      lo: the MLPLOpt (its `num_features`, `hidden_size` and `hidden_layers` count).
+      n: the number of parameters.
+      blocks: the block sizes tried (`gemm_floor_s` at each).
+      repeats: timed calls per block size.
+
+    Returns:
+      (the fastest block size, its median seconds, the GEMMs' FLOP/s there).
+    """
+    timed = {c: gemm_floor_s(lopt.MLPLOpt(hidden_size=lo.hidden_size, hidden_layers=lo.hidden_layers,
+                                           decays=lo.decays, chunk_size=c), n, repeats)
+             for c in blocks}
+    best = min(timed, key=lambda c: timed[c][0])
+    return (best,) + timed[best]
 
 
 def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
            gemm_floors: Optional[dict] = None) -> str:
-    """The "## Optimizer step" Markdown section: the timing table and MLPLOpt's FLOP-floor table.
+    """The "## Optimizer step" Markdown section: the timing table and MLPLOpt's floor table.
 
     Args:
       results: `{size name: bench_size(...)}`.
@@ -177,37 +232,44 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
       repeats: timed samples per optimizer (stated in the text).
       note: conditions to record in the text (may be empty).
       burst: back-to-back calls per sample (stated in the text).
-      gemm_floors: `{size name: gemm_floor_s(...)}`, or None (the GEMM-floor columns then read nan).
+      gemm_floors: `{size name: best_gemm_floor(...)}`, or None (the GEMM-floor columns then read nan).
 
     Returns:
       the section's Markdown, ending with a newline.
     """
-    floor_macs = mlp_lopt_macs(lopt.MLPLOpt())
+    lo = lopt.MLPLOpt()
+    floor_macs = mlp_lopt_macs(lo)
     lines = [SECTION, "",
-             f"One jitted `tx.update` (median of {repeats} samples, each "
-             f"{'one call' if burst == 1 else f'the mean of {burst} back-to-back calls'}; optimizers "
-             f"interleaved), float32 MLP models. "
+             f"Median of {repeats} samples, each "
+             f"{'one call' if burst == 1 else f'the mean of {burst} back-to-back calls'} (optimizers and measures "
+             f"interleaved), float32 MLP models: \"update\" is one jitted `tx.update` writing fresh buffers; "
+             f"\"train step\" is one jitted `tx.update` + `optax.apply_updates` with the parameters and the "
+             f"optimizer state donated, as a training loop that donates them runs it. "
              f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}), jax {jax.__version__}; "
              f"measured f32 matmul throughput {flops / 1e9:.0f} GFLOP/s. {note}".rstrip(), "",
-             "| model | optimizer | ms / update | × Adam | state bytes / param |",
-             "|---|---|---:|---:|---:|"]
+             "| model | optimizer | ms / update | × Adam | ms / train step | × Adam | state bytes / param |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for size, (n, res) in results.items():
-        adam = res["optax.adam"][0]
-        for name, (t, bpp) in res.items():
-            lines.append(f"| {size} ({n:,}) | {name} | {t * 1e3:.2f} | {t / adam:.1f} | {bpp:.1f} |")
+        adam = res["optax.adam"]
+        for name, t in res.items():
+            lines.append(f"| {size} ({n:,}) | {name} | {t.update_s * 1e3:.2f} | {t.update_s / adam.update_s:.1f} | "
+                         f"{t.step_s * 1e3:.2f} | {t.step_s / adam.step_s:.1f} | {t.state_bytes:.1f} |")
     lines += ["", f"MLPLOpt's floors: the FLOP floor = 2 × {floor_macs} multiply-adds/param × N ÷ the square-matmul "
                   "throughput; the GEMM floor (the bar since issue #16: MLPLOpt within 1.5× of it) = its three "
-                  "GEMMs alone at its block size, measured (`gemm_floor_s`), with the throughput they reach. "
+                  "GEMMs alone (`gemm_floor_s`) at the block size, of "
+                  f"{', '.join(str(c) for c in GEMM_BLOCKS)}, where this machine runs them fastest, with the "
+                  f"throughput they reach there; MLPLOpt itself runs at its default block ({lo.block_size} here). "
                   "AdafacMLPLOpt target ≤ 8× Adam.", "",
-              "| model | MLPLOpt ms | FLOP floor ms | × FLOP floor | GEMM floor ms (GFLOP/s) | × GEMM floor "
-              "| AdafacMLPLOpt × Adam |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+              "| model | MLPLOpt ms (update / train step) | × FLOP floor | GEMM floor ms (block, GFLOP/s) "
+              "| × GEMM floor (update / train step) | AdafacMLPLOpt × Adam (update / train step) |",
+              "|---|---:|---:|---:|---:|---:|"]
     for size, (n, res) in results.items():
         floor = 2 * floor_macs * n / flops
-        t = res["MLPLOpt"][0]
-        g_t, g_flops = gemm_floors[size] if gemm_floors and size in gemm_floors else (float("nan"),) * 2
-        lines.append(f"| {size} | {t * 1e3:.2f} | {floor * 1e3:.2f} | {t / floor:.2f} | {g_t * 1e3:.2f} "
-                     f"({g_flops / 1e9:.0f}) | {t / g_t:.2f} | {res['AdafacMLPLOpt'][0] / res['optax.adam'][0]:.1f} |")
+        t, adam, ada = res["MLPLOpt"], res["optax.adam"], res["AdafacMLPLOpt"]
+        block, g_t, g_flops = gemm_floors[size] if gemm_floors and size in gemm_floors else (0,) + (float("nan"),) * 2
+        lines.append(f"| {size} | {t.update_s * 1e3:.2f} / {t.step_s * 1e3:.2f} | {t.update_s / floor:.2f} | "
+                     f"{g_t * 1e3:.2f} ({block}, {g_flops / 1e9:.0f}) | {t.update_s / g_t:.2f} / {t.step_s / g_t:.2f} | "
+                     f"{ada.update_s / adam.update_s:.1f} / {ada.step_s / adam.step_s:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -229,7 +291,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = ap.parse_args(argv)
     flops = matmul_flops_per_s()
     results = {s: bench_size(MODELS[s], args.repeats, args.burst) for s in args.sizes.split(",")}
-    gemm_floors = {s: gemm_floor_s(lopt.MLPLOpt(), n) for s, (n, _) in results.items()}
+    gemm_floors = {s: best_gemm_floor(lopt.MLPLOpt(), n) for s, (n, _) in results.items()}
     section = render(results, flops, args.repeats, args.note, args.burst, gemm_floors)
     print(section)
     if not args.no_write:
