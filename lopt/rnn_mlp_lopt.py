@@ -27,7 +27,7 @@ import optax
 
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.mlp_lopt import accumulate, init_accumulators, leaf_features, momentum_index
+from lopt.mlp_lopt import accumulate, feature_sum_squares, init_accumulators, leaf_features, momentum_index
 from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
 
 
@@ -143,7 +143,9 @@ class RNNMLPLOpt(LearnedOptimizer):
                 x = leaf_features(g32, p32, m, v, self._mom_idx)
                 accs.append((m, v))
                 feats.append(x)
-                stats.append(jnp.stack([jnp.mean(jnp.square(f)) for f in x]))
+                n = jnp.size(p)
+                stats.append(feature_sum_squares(g32.reshape(-1), p32.reshape(-1), m.reshape(len(self.decays), n),
+                                                 v.reshape(-1), self._mom_idx) / n)
             if not gs:
                 return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)
             stats = jnp.stack(stats)                                                   # [L, F]
