@@ -53,6 +53,10 @@ No theta can make an element's step larger than base_lr · e^range · c (times �
 
 With `vector_rule="adam"` (Celo2's deployment: Adam for 1-D parameters), tensors of ndim < 2
 skip the MLP and the normalization: Δp = −η_vector · a.
+
+Speed: each feature's RMS normalisation is folded into the residual MLP's first-layer weights,
+and the MLP runs as unrolled multiply-adds over blocks of `BLOCK` elements, so the update never
+forms an [n, F] feature array or an [n, H] activation (1M-parameter train step: 42 → 10–16 ms).
 """
 from __future__ import annotations
 
@@ -65,12 +69,16 @@ import optax
 
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.nn import dense_init
+from lopt.mlp_lopt import feature_sum_squares, leaf_features
+from lopt.nn import dense_init, elementwise_mlp
 
 DECAYS = (0.5, 0.9, 0.99, 0.999)
 VECTOR_RULES = ("learned", "adam")
 SCHEDULES = ("constant", "cosine")
 WARMUP_FRACTION = 0.05
+# elements per block of the residual MLP: a block's features and hidden units stay in cache, and no
+# temporary of the tensor's size exists (XLA on CPU page-faults those in on every call)
+BLOCK = 16384
 
 
 class NormMLPLOptState(NamedTuple):
@@ -293,13 +301,25 @@ class NormMLPLOpt(LearnedOptimizer):
             return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(),
                                     jax.tree_util.tree_map(self.step_scale, params))
 
-        def residual(feats: list, bias: jax.Array) -> jax.Array:
-            """feats: F arrays [n] -> r [n], each feature divided by its RMS over the tensor."""
-            x = jnp.stack([f * jax.lax.rsqrt(jnp.mean(jnp.square(f)) + ft.EPS) for f in feats], axis=-1)
-            h = jax.nn.relu(x @ mlp["input"]["w"] + bias)
-            for i in range(1, self.hidden_layers):
-                h = jax.nn.relu(h @ mlp[f"hidden_{i}"]["w"] + mlp[f"hidden_{i}"]["b"])
-            return (h @ mlp["output"]["w"] + mlp["output"]["b"])[:, 0]
+        def residual(g32: jax.Array, p32: jax.Array, m: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:
+            """The learned residual r [n] of one tensor (g, p, v [n], m [K, n]).
+
+            Each feature's RMS normalisation is folded into the first layer's weights,
+            (f / rms_f) @ W1 = f @ (W1 / rms_f), and the MLP runs as unrolled multiply-adds
+            (`nn.elementwise_mlp`) over blocks of at most `BLOCK` elements written in place
+            (`features.blockwise_map`), so no temporary bigger than a block's features exists."""
+            n = g32.shape[0]
+            rms_inv = jax.lax.rsqrt(feature_sum_squares(g32, p32, m, v, self._mom_idx) / n + ft.EPS)
+            layers = [(mlp["input"]["w"] * rms_inv[:, None], bias)]
+            layers += [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
+            layers.append((mlp["output"]["w"], mlp["output"]["b"]))
+            c = min(BLOCK, n)
+
+            def block(start):
+                sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)
+                return elementwise_mlp(leaf_features(sl(g32), sl(p32), sl(m), sl(v), self._mom_idx), layers)[0][None]
+
+            return ft.blockwise_map(block, n, c, 1, like=g32)[0]
 
         def update_leaf(g, p, m, v, scale, t, bias, lrs):
             shape, k = jnp.shape(p), len(self.decays)
@@ -319,9 +339,7 @@ class NormMLPLOpt(LearnedOptimizer):
             if not is_matrix and self.vector_rule == "adam":
                 step = lr * adam
             else:
-                rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
-                feats = [g32, p32, *m, jnp.sqrt(v), g32 * rsqrt_v, m[self._mom_idx] * rsqrt_v]
-                r = residual(feats, bias)
+                r = residual(g32, p32, m, v, bias)
                 if self.residual_bound > 0:
                     r = self.residual_bound * jnp.tanh(r / self.residual_bound)
                 u = adam + r

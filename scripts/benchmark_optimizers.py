@@ -64,10 +64,13 @@ def model_params(widths: Sequence[int], key: jax.Array) -> dict:
 
 
 def optimizers() -> dict[str, optax.GradientTransformation]:
-    """The benchmarked optimizers by name: optax.adam(1e-3) and each learned optimizer at its initial theta."""
+    """The benchmarked optimizers by name: optax.adam(1e-3), each learned optimizer at its initial
+    theta, and the shipped meta-trained optimizer a user loads (`lopt.pretrained.load("normmlp_v3")`,
+    a NormMLPLOpt; told a horizon of 1000 steps)."""
     out = {"optax.adam": optax.adam(1e-3)}
     for lo in [lopt.MLPLOpt(), lopt.AdafacMLPLOpt(), lopt.RNNMLPLOpt(), lopt.NNAdam(), lopt.HyperLOpt()]:
         out[lo.name] = lo.opt_fn(lo.init(jax.random.key(0)))
+    out["pretrained:normmlp_v3"] = lopt.pretrained.load("normmlp_v3", num_steps=1000)
     return out
 
 

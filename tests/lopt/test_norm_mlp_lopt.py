@@ -191,3 +191,35 @@ def test_fan_in_ref_gives_mup_steps():
     with pytest.raises(ValueError, match="fan_in_ref must be >= 0"):
         lopt.NormMLPLOpt(fan_in_ref=-1.0, relative_step=True)
     assert "fan_in_ref" not in lopt.NormMLPLOpt(**kw).config()  # configs written before it existed are unchanged
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (130, 131)])  # one block; two overlapping blocks of norm_mlp_lopt.BLOCK
+def test_residual_is_the_mlp_of_rms_normalised_features(shape):
+    """The learned residual equals the direct computation: the F features of every element
+    (g, p, m_k, √v, g/√(v+ε), m_0.9/√(v+ε)), each divided by its RMS over the tensor, through the
+    ReLU MLP whose first-layer bias is b + emb(t) W_time. normalize_update=False and a fresh
+    step-size head make the step −base_lr · (adam + r), so r is read back from the update."""
+    from lopt import features as ft
+    from lopt.norm_mlp_lopt import BLOCK
+    assert (shape[0] * shape[1] > BLOCK) == (shape == (130, 131))
+    lo = lopt.NormMLPLOpt(base_lr=0.01, normalize_update=False, clip_value=1e6, hidden_layers=2, decays=(0.5, 0.9))
+    theta = lo.init(jax.random.key(0))
+    mlp = theta["mlp"]
+    mlp["output"]["w"] = jax.random.normal(jax.random.key(1), mlp["output"]["w"].shape)
+    mlp["input"]["b"] = 0.1 * jax.random.normal(jax.random.key(2), mlp["input"]["b"].shape)
+    p = jax.random.normal(jax.random.key(3), shape)
+    g = jax.random.normal(jax.random.key(4), shape) * jnp.linspace(0.1, 3.0, shape[1])
+    u = _first_update(lo, theta, {"w": p}, {"w": g})["w"]
+
+    m = jnp.stack([(1 - b) * g for b in (0.5, 0.9)])                       # one step from zero
+    v = (1 - 0.999) * jnp.square(g)
+    adam = (m[1] / 0.1) / (jnp.sqrt(v / 0.001) + 1e-8)
+    rs = jax.lax.rsqrt(v + ft.EPS)
+    feats = [g, p, m[0], m[1], jnp.sqrt(v), g * rs, m[1] * rs]
+    x = jnp.stack([f / jnp.sqrt(jnp.mean(jnp.square(f)) + ft.EPS) for f in feats], axis=-1)  # [*shape, F]
+    bias = mlp["input"]["b"] + ft.step_embedding(jnp.asarray(0), lo.timescales) @ mlp["input"]["w_time"]
+    h = jax.nn.relu(x @ mlp["input"]["w"] + bias)
+    h = jax.nn.relu(h @ mlp["hidden_1"]["w"] + mlp["hidden_1"]["b"])
+    r = (h @ mlp["output"]["w"] + mlp["output"]["b"])[..., 0]
+    assert float(jnp.std(r)) > 0.1  # the residual matters in this check
+    np.testing.assert_allclose(-u / 0.01, adam + r, rtol=1e-4, atol=1e-4)
