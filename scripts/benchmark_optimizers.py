@@ -189,20 +189,23 @@ def bench_size(widths: Sequence[int], repeats: int, burst: int = 1) -> tuple[int
         step = jax.jit(train_step, donate_argnums=(0, 1))
         carry = list(jax.block_until_ready(step(jax.tree_util.tree_map(jnp.copy, params), tx.init(params), grads)))
         state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
-        runs[name] = (update, (grads, state, params), step, carry, state_bytes / n, [], [])
+        runs[name] = dict(update=update, args=(grads, state, params), step=step, carry=carry,
+                          state_bytes=state_bytes / n, update_times=[], step_times=[])
     for _ in range(repeats):
-        for update, args, step, carry, _, update_times, step_times in runs.values():
+        for r in runs.values():
             start = time.perf_counter()
             for _ in range(burst):
-                out = update(*args)
+                out = r["update"](*r["args"])
             jax.block_until_ready(out)
-            update_times.append((time.perf_counter() - start) / burst)
+            r["update_times"].append((time.perf_counter() - start) / burst)
+            carry = r["carry"]
             start = time.perf_counter()
             for _ in range(burst):
-                carry[:] = step(carry[0], carry[1], grads)
+                carry[:] = r["step"](carry[0], carry[1], grads)
             jax.block_until_ready(carry)
-            step_times.append((time.perf_counter() - start) / burst)
-    return n, {name: Timing(statistics.median(r[5]), statistics.median(r[6]), r[4]) for name, r in runs.items()}
+            r["step_times"].append((time.perf_counter() - start) / burst)
+    return n, {name: Timing(statistics.median(r["update_times"]), statistics.median(r["step_times"]), r["state_bytes"])
+               for name, r in runs.items()}
 
 
 def best_gemm_floor(lo: lopt.MLPLOpt, n: int, blocks: Sequence[int] = GEMM_BLOCKS,
