@@ -192,7 +192,10 @@ class MLPLOpt(LearnedOptimizer):
                 return jnp.zeros_like(p), m, v
             n, k = jnp.size(p), len(self.decays)
             g32, p32 = jnp.asarray(g, jnp.float32).reshape(-1), jnp.asarray(p, jnp.float32).reshape(-1)
-            m, v = accumulate(g32, m.reshape(k, n), v.reshape(-1), decays, self.rms_decay)
+            # in the tensor's own shape: a donated state is then updated in place (after a reshape
+            # to [K, n] XLA copied the momenta into the output buffers)
+            m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
+            m, v = m.reshape(k, n), v.reshape(-1)
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
             sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx)
             w1t = (theta["input"]["w"] * jax.lax.rsqrt(sum_sq / n + ft.EPS)[:, None]).T  # W1'ᵀ [H, F]

@@ -69,7 +69,7 @@ import optax
 
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.mlp_lopt import feature_sum_squares, leaf_features
+from lopt.mlp_lopt import accumulate, feature_sum_squares, leaf_features
 from lopt.nn import dense_init, elementwise_mlp
 
 DECAYS = (0.5, 0.9, 0.99, 0.999)
@@ -327,9 +327,10 @@ class NormMLPLOpt(LearnedOptimizer):
             if n == 0:
                 return jnp.zeros_like(p), m, v
             g32, p32 = jnp.asarray(g, jnp.float32).reshape(-1), jnp.asarray(p, jnp.float32).reshape(-1)
-            b = decays[:, None]
-            m = b * m.reshape(k, n) + (1.0 - b) * g32
-            v = self.rms_decay * v.reshape(-1) + (1.0 - self.rms_decay) * jnp.square(g32)
+            # in the tensor's own shape: a donated state is then updated in place (after a reshape
+            # to [K, n] XLA copied the momenta into the output buffers)
+            m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
+            m, v = m.reshape(k, n), v.reshape(-1)
             t1 = (t + 1).astype(jnp.float32)
             m_hat = m[self._mom_idx] / (1.0 - self.decays[self._mom_idx] ** t1)
             v_hat = v / (1.0 - self.rms_decay ** t1)

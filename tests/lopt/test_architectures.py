@@ -5,6 +5,7 @@ parameter's dtype, checked inputs).
 Tiny params trees (a matrix, a bf16-able vector, a scalar, a 0-size leaf) keep compiles short.
 """
 import functools
+import re
 
 import chex
 import jax
@@ -266,3 +267,32 @@ def test_python_float_leaf_is_a_float32_scalar(arch):
     got, _ = jax.jit(lambda: tx.update(as_float_grads, tx.init(as_float), as_float))()
     chex.assert_trees_all_equal(got, want)
     assert got["scale"].dtype == jnp.float32 and got["scale"].shape == ()
+
+
+def _copies_shaped_like(hlo_text: str, shape: tuple) -> list:
+    """The `copy` instructions of a compiled HLO module that write float32 arrays shaped like
+    `shape` or like a stack of such arrays ([k, *shape], the momenta)."""
+    out = []
+    for line in hlo_text.splitlines():
+        m = re.search(r"= f32\[([0-9,]*)\]\S* copy\(", line)
+        if m and tuple(int(d) for d in m.group(1).split(",") if d)[-len(shape):] == tuple(shape):
+            out.append(line.strip())
+    return out
+
+
+def test_donated_train_step_updates_the_state_in_place(arch):
+    """A training loop that donates its parameters and optimizer state gets them updated in place:
+    the compiled step copies no array shaped like the parameter or its accumulators (such copies
+    used to cost MLPLOpt and NormMLPLOpt 10-30% of their step, when the momenta were reshaped
+    before being updated). The matrix is not square, so the transposes of NormMLPLOpt's
+    orthogonalization do not count."""
+    lo, theta = arch
+    params = {"w": jax.random.normal(jax.random.key(0), (40, 50)), "b": jnp.zeros((50,))}
+    tx = lo.opt_fn(theta)
+
+    def train_step(p, s, g):
+        u, s = tx.update(g, s, p, loss=jnp.asarray(1.0))
+        return optax.apply_updates(p, u), s
+
+    hlo = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, tx.init(params), grads_for(params, 0)).compile()
+    assert _copies_shaped_like(hlo.as_text(), params["w"].shape) == []
