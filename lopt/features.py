@@ -10,7 +10,7 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
   NNAdam, HyperLOpt)
 - `block_starts`, `blockwise_map`: full, possibly overlapping blocks of a long axis, for
   per-block work that keeps its temporaries in cache; `default_block_size`, the block that
-  suits the local devices
+  suits the local devices and whether the update runs batched over particles
 - `EPS` (1e-8): added to a second moment before every square root / rsqrt of it
 - `tree_mismatch`, `require_params`: the trace-time checks of `tx.update`'s inputs (and of theta,
   `LearnedOptimizer.check_theta`), naming the first leaf path that differs
@@ -191,26 +191,39 @@ def tensor_lstm_inputs(stats: jax.Array, params: Sequence[Any], ctx: jax.Array) 
     return jnp.concatenate([log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(params), ctx.shape[0]))], axis=1)
 
 
-# Per-parameter-MLP block sizes (issue #16), measured on a 2-core CPU with TruncatedPES over 16 particles.
+# Per-parameter-MLP block sizes (issue #16). Meta-training runs the update batched over particles
+# (TruncatedPES: 16 here), so a block's activations are [particles, hidden, c]; measured on 2-core CPUs:
 # One CPU device: XLA's intra-op threads spread a block's GEMMs over every core and their caches,
-# and a 4096 block was fastest (1024 blocks: 16% slower on a 4-layer image MLP).
+# and a 4096 block was fastest under PES on a 4-layer image MLP (1024: 16% slower on one machine,
+# 35% on another; 16384: 50% slower).
 BLOCK_ONE_DEVICE = 4096
 # One CPU device per core: each device runs its share of the particles on one core, so a block's
 # [particles, hidden, c] activations must fit that core's L2 (2 MiB here). 1024 blocks made PES
-# 27% faster than 4096 on a 64-32-10 MLP and on a 4-layer image MLP, and were as fast unbatched.
+# 27% faster than 4096 on a 64-32-10 MLP and on a 4-layer image MLP.
 BLOCK_PER_CORE = 1024
+# A training loop's update (one model, not batched): fewer, longer blocks. On the fourth and fifth
+# sessions' machine the 1M- and 10M-parameter updates ran 1.2-1.4x faster at 16384 than at 4096
+# (on the third session's machine 1024 and 4096 were equally fast; 16384 was not measured there).
+BLOCK_UNBATCHED = 16384
 
 
-def default_block_size() -> int:
+def default_block_size(batched: bool = False) -> int:
     """The block size (parameters) for the per-parameter MLPs' blockwise GEMMs on the local devices.
 
+    Unbatched (a training loop's update of one model): `BLOCK_UNBATCHED` (16384). Batched (the
+    meta-training estimators run the update over a batch of particles, `opt_fn(..., is_training=True)`):
     `BLOCK_PER_CORE` (1024) when jax runs several CPU devices (one per core, as the scripts and
     `outer_trainers.use_all_cpu_cores` set up), else `BLOCK_ONE_DEVICE` (4096). Read at trace time;
     the choice changes speed only (and float32 summation order), never the function computed.
 
+    Args:
+      batched: whether the update runs batched over many particles (meta-training).
+
     Returns:
       The number of parameters per block.
     """
+    if not batched:
+        return BLOCK_UNBATCHED
     devices = jax.local_devices()
     return BLOCK_PER_CORE if devices[0].platform == "cpu" and len(devices) > 1 else BLOCK_ONE_DEVICE
 

@@ -124,7 +124,7 @@ def floor_fn(family, learned_opt, theta, num_particles: int, num_steps: int):
         cfg = family.sample(key)
         task = family.task_fn(cfg)
         params, ms = task.init_with_state(key)
-        tx = learned_opt.opt_fn(theta)
+        tx = learned_opt.opt_fn(theta, is_training=True)  # as LOptTruncatedStep (MLPLOpt's batched blocks)
         opt_state = tx.init(params)
 
         def body(carry, k):

@@ -59,12 +59,33 @@ def test_matches_reference_over_steps(chunk_size, column_min_size):
 
 
 def test_block_size_follows_the_devices_unless_given():
-    """One CPU device (the test process): the 4096 block; an explicit chunk_size wins; 0 is refused.
-    (Several CPU devices give 1024: tests/outer_trainers/test_devices.py.)"""
+    """A training loop's update: the 16384 block; meta-training (batched over particles) on one CPU
+    device (the test process): the 4096 block; an explicit chunk_size wins; 0 is refused.
+    (Several CPU devices give 1024 while meta-training: tests/outer_trainers/test_devices.py.)"""
     from lopt import features as ft
     assert len(jax.local_devices()) == 1 or jax.local_devices()[0].platform != "cpu"
-    assert ft.default_block_size() == ft.BLOCK_ONE_DEVICE == 4096
-    assert lopt.MLPLOpt().block_size == 4096 and lopt.MLPLOpt(chunk_size=300).block_size == 300
+    assert ft.default_block_size() == ft.BLOCK_UNBATCHED == 16384
+    assert ft.default_block_size(batched=True) == ft.BLOCK_ONE_DEVICE == 4096
+    assert lopt.MLPLOpt().block_size == 16384 and lopt.MLPLOpt().meta_training_block_size == 4096
+    assert lopt.MLPLOpt(chunk_size=300).block_size == lopt.MLPLOpt(chunk_size=300).meta_training_block_size == 300
     assert "chunk_size" not in lopt.MLPLOpt().config()
     with pytest.raises(ValueError, match="chunk_size >= 1"):
         lopt.MLPLOpt(chunk_size=0)
+
+
+def test_meta_training_update_runs_in_the_batched_blocks():
+    """`opt_fn(theta, is_training=True)` (LOptTruncatedStep's call) blocks a 10,000-parameter tensor
+    in the batched 4096 blocks (a loop), a training loop's `opt_fn(theta)` in one 16384 block (no
+    loop); both compute the same update."""
+    lo = lopt.MLPLOpt(hidden_size=8)
+    theta = lo.init(jax.random.key(0))
+    params = {"w": jax.random.normal(jax.random.key(1), (100, 100))}
+    grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.sin(p), params)
+    outs, loops = [], []
+    for is_training in (True, False):
+        tx = lo.opt_fn(theta, is_training=is_training)
+        fn = jax.jit(tx.update)
+        loops.append(" while(" in fn.lower(grads, tx.init(params), params).compile().as_text())
+        outs.append(fn(grads, tx.init(params), params)[0])
+    assert loops == [True, False]
+    chex.assert_trees_all_close(outs[0], outs[1], rtol=1e-5, atol=1e-9)
