@@ -18,7 +18,8 @@ machine Adam 1M: 1.5 -> 0.8 ms). The machine's f32 matmul throughput (median of 
 matmul) gives MLPLOpt's FLOP floor: 2 · (its per-parameter MLP multiply-adds) · N / throughput.
 Its GEMM floor (the bar since issue #16) is measured instead: the time of its three GEMMs alone,
 [H, F] @ [F, c], [H, H] @ [H, c], [2, H] @ [H, c], over all N parameters in blocks of c
-(`gemm_floor_s`), at the block size of `GEMM_BLOCKS` where they run fastest
+(`gemm_floor_call`, writing into a donated buffer like the train step), timed interleaved with
+the optimizers at each block size of `GEMM_BLOCKS`; the floor is the fastest of them
 (`best_gemm_floor`), i.e. at the throughput this machine reaches for those shapes.
 The result replaces the "## Optimizer step" section of docs/benchmarks.md (other sections kept).
 """
@@ -109,20 +110,23 @@ def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
     return 2 * n ** 3 / statistics.median(_time(f, (a, a)) for _ in range(repeats))
 
 
-def gemm_floor_s(lo: lopt.MLPLOpt, n: int, repeats: int = 10) -> tuple[float, float]:
-    """The time of MLPLOpt's three GEMMs alone on n parameters, in its blocks of `lo.block_size`.
+def gemm_floor_call(lo: lopt.MLPLOpt, n: int) -> Callable[[], jax.Array]:
+    """A compiled, warmed-up call of MLPLOpt's three GEMMs alone on n parameters, in its blocks of
+    `lo.block_size`.
 
     Each block computes W3ᵀ (W2ᵀ (W1ᵀ x)) on a [F, c] slice of a random [F, n] input (an
     optimization barrier between the layers keeps XLA from re-associating the chain) and writes
-    the [2, c] result in place, as MLPLOpt's blocks do; no features, ReLU or accumulators.
+    the [2, c] result in place into a [2, n] output, as MLPLOpt's blocks do; no features, ReLU or
+    accumulators. The output buffer is donated and carried from call to call, so, like a donated
+    train step, the floor pays no page faults for a fresh output (a fresh [2, n] buffer added
+    ~18 ms at 10M parameters on this machine).
 
     Args:
       lo: the MLPLOpt whose `num_features`, `hidden_size`, `hidden_layers` and `block_size` count.
       n: the number of parameters.
-      repeats: timed calls (after one warm-up call).
 
     Returns:
-      (median seconds per call, the GEMMs' FLOP/s at that time).
+      A no-argument function running the GEMMs once and returning the output.
     """
     from lopt import features as ft
     f, h, c = lo.num_features, lo.hidden_size, min(lo.block_size, n)
@@ -131,18 +135,39 @@ def gemm_floor_s(lo: lopt.MLPLOpt, n: int, repeats: int = 10) -> tuple[float, fl
     w1 = jax.random.normal(ks[1], (h, f), jnp.float32)
     wh = jax.random.normal(ks[2], (h, h), jnp.float32)
     w3 = jax.random.normal(ks[3], (2, h), jnp.float32)
+    starts = ft.block_starts(n, c)
 
-    def gemms(x, w1, wh, w3):
-        def block(start):
-            y = jax.lax.optimization_barrier(w1 @ jax.lax.dynamic_slice_in_dim(x, start, c, axis=1))
+    def gemms(out, x, w1, wh, w3):
+        def block(i, out):
+            y = jax.lax.optimization_barrier(w1 @ jax.lax.dynamic_slice_in_dim(x, starts[i], c, axis=1))
             for _ in range(lo.hidden_layers - 1):
                 y = jax.lax.optimization_barrier(wh @ y)
-            return w3 @ y
-        return ft.blockwise_map(block, n, c, 2)
+            return jax.lax.dynamic_update_slice_in_dim(out, w3 @ y, starts[i], axis=1)
+        return jax.lax.fori_loop(0, starts.shape[0], block, out)
 
-    fn = jax.jit(gemms)
-    jax.block_until_ready(fn(x, w1, wh, w3))
-    t = statistics.median(_time(fn, (x, w1, wh, w3)) for _ in range(repeats))
+    fn = jax.jit(gemms, donate_argnums=0)
+    out = [jax.block_until_ready(fn(jnp.zeros((2, n), jnp.float32), x, w1, wh, w3))]
+
+    def call():
+        out[0] = fn(out[0], x, w1, wh, w3)
+        return out[0]
+
+    return call
+
+
+def gemm_floor_s(lo: lopt.MLPLOpt, n: int, repeats: int = 10) -> tuple[float, float]:
+    """The time of MLPLOpt's three GEMMs alone on n parameters (`gemm_floor_call`).
+
+    Args:
+      lo: the MLPLOpt whose `num_features`, `hidden_size`, `hidden_layers` and `block_size` count.
+      n: the number of parameters.
+      repeats: timed calls (after the warm-up call).
+
+    Returns:
+      (median seconds per call, the GEMMs' FLOP/s at that time).
+    """
+    call = gemm_floor_call(lo, n)
+    t = statistics.median(_time(call, ()) for _ in range(repeats))
     return t, 2 * mlp_lopt_macs(lo) * n / t
 
 
@@ -161,17 +186,20 @@ class Timing(NamedTuple):
     state_bytes: float
 
 
-def bench_size(widths: Sequence[int], repeats: int, burst: int = 1) -> tuple[int, dict[str, Timing]]:
+def bench_size(widths: Sequence[int], repeats: int, burst: int = 1,
+               floor_blocks: Sequence[int] = ()) -> tuple[int, dict[str, Timing], dict[int, float]]:
     """Times every optimizer on one model size, the optimizers interleaved: its jitted `tx.update`
-    (fresh output buffers) and its donated training step (see `Timing`).
+    (fresh output buffers) and its donated training step (see `Timing`); and, interleaved with
+    them, MLPLOpt's GEMM floor (`gemm_floor_call`) at each of `floor_blocks`.
 
     Args:
       widths: the MLP's layer widths (see `model_params`).
       repeats: timed samples per optimizer and measure.
       burst: back-to-back calls per sample; a sample is their mean time.
+      floor_blocks: the block sizes at which the GEMM floor is timed (none: no floor).
 
     Returns:
-      `(number of parameters, {optimizer name: Timing})`.
+      `(number of parameters, {optimizer name: Timing}, {block: median seconds of the GEMM floor})`.
     """
     params = model_params(widths, jax.random.key(0))
     grads = jax.tree_util.tree_map(lambda p: 0.01 * jnp.cos(p), params)
@@ -191,6 +219,7 @@ def bench_size(widths: Sequence[int], repeats: int, burst: int = 1) -> tuple[int
         state_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(state))
         runs[name] = dict(update=update, args=(grads, state, params), step=step, carry=carry,
                           state_bytes=state_bytes / n, update_times=[], step_times=[])
+    floors = {c: dict(call=gemm_floor_call(lopt.MLPLOpt(chunk_size=c), n), times=[]) for c in floor_blocks}
     for _ in range(repeats):
         for r in runs.values():
             start = time.perf_counter()
@@ -204,28 +233,26 @@ def bench_size(widths: Sequence[int], repeats: int, burst: int = 1) -> tuple[int
                 carry[:] = r["step"](carry[0], carry[1], grads)
             jax.block_until_ready(carry)
             r["step_times"].append((time.perf_counter() - start) / burst)
-    return n, {name: Timing(statistics.median(r["update_times"]), statistics.median(r["step_times"]), r["state_bytes"])
+        for f in floors.values():
+            f["times"].append(_time(f["call"], ()))
+    timings = {name: Timing(statistics.median(r["update_times"]), statistics.median(r["step_times"]), r["state_bytes"])
                for name, r in runs.items()}
+    return n, timings, {c: statistics.median(f["times"]) for c, f in floors.items()}
 
 
-def best_gemm_floor(lo: lopt.MLPLOpt, n: int, blocks: Sequence[int] = GEMM_BLOCKS,
-                    repeats: int = 10) -> tuple[int, float, float]:
+def best_gemm_floor(lo: lopt.MLPLOpt, n: int, floors: dict[int, float]) -> tuple[int, float, float]:
     """MLPLOpt's GEMM floor at the block size where this machine runs its three GEMMs fastest.
 
     Args:
       lo: the MLPLOpt (its `num_features`, `hidden_size` and `hidden_layers` count).
       n: the number of parameters.
-      blocks: the block sizes tried (`gemm_floor_s` at each).
-      repeats: timed calls per block size.
+      floors: `{block size: seconds}` of the GEMM floor (`bench_size`'s third result).
 
     Returns:
-      (the fastest block size, its median seconds, the GEMMs' FLOP/s there).
+      (the fastest block size, its seconds, the GEMMs' FLOP/s there).
     """
-    timed = {c: gemm_floor_s(lopt.MLPLOpt(hidden_size=lo.hidden_size, hidden_layers=lo.hidden_layers,
-                                           decays=lo.decays, chunk_size=c), n, repeats)
-             for c in blocks}
-    best = min(timed, key=lambda c: timed[c][0])
-    return (best,) + timed[best]
+    best = min(floors, key=floors.get)
+    return best, floors[best], 2 * mlp_lopt_macs(lo) * n / floors[best]
 
 
 def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
@@ -233,7 +260,7 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
     """The "## Optimizer step" Markdown section: the timing table and MLPLOpt's floor table.
 
     Args:
-      results: `{size name: bench_size(...)}`.
+      results: `{size name: (number of parameters, {optimizer name: Timing})}` (`bench_size`'s first two results).
       flops: the machine's matmul throughput in FLOP/s (`matmul_flops_per_s`).
       repeats: timed samples per optimizer (stated in the text).
       note: conditions to record in the text (may be empty).
@@ -262,7 +289,8 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
                          f"{t.step_s * 1e3:.2f} | {t.step_s / adam.step_s:.1f} | {t.state_bytes:.1f} |")
     lines += ["", f"MLPLOpt's floors: the FLOP floor = 2 × {floor_macs} multiply-adds/param × N ÷ the square-matmul "
                   "throughput; the GEMM floor (the bar since issue #16: MLPLOpt within 1.5× of it) = its three "
-                  "GEMMs alone (`gemm_floor_s`) at the block size, of "
+                  "GEMMs alone (`gemm_floor_call`, writing in place into a donated buffer), timed interleaved with the "
+                  "optimizers at the block size, of "
                   f"{', '.join(str(c) for c in GEMM_BLOCKS)}, where this machine runs them fastest, with the "
                   f"throughput they reach there; MLPLOpt itself runs at its default block ({lo.block_size} here). "
                   "AdafacMLPLOpt target ≤ 8× Adam.", "",
@@ -285,7 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     Prints the section and, unless `--no-write`, writes it into `--out`.
 
     Returns:
-      `{size name: bench_size(...)}`.
+      `{size name: bench_size(...)}` (number of parameters, timings, GEMM floors by block).
     """
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1M,10M", help=f"comma-separated, from {sorted(MODELS)}")
@@ -296,13 +324,14 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--note", default="", help="conditions to record (e.g. 'CPU shared with other jobs')")
     args = ap.parse_args(argv)
     flops = matmul_flops_per_s()
-    results = {s: bench_size(MODELS[s], args.repeats, args.burst) for s in args.sizes.split(",")}
-    gemm_floors = {s: best_gemm_floor(lopt.MLPLOpt(), n) for s, (n, _) in results.items()}
+    timed = {s: bench_size(MODELS[s], args.repeats, args.burst, GEMM_BLOCKS) for s in args.sizes.split(",")}
+    results = {s: (n, res) for s, (n, res, _) in timed.items()}
+    gemm_floors = {s: best_gemm_floor(lopt.MLPLOpt(), n, floors) for s, (n, _, floors) in timed.items()}
     section = render(results, flops, args.repeats, args.note, args.burst, gemm_floors)
     print(section)
     if not args.no_write:
         update_markdown_section(args.out, section)
-    return results
+    return timed
 
 
 if __name__ == "__main__":
