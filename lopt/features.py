@@ -202,15 +202,17 @@ BLOCK_ONE_DEVICE = 4096
 # 27% faster than 4096 on a 64-32-10 MLP and on a 4-layer image MLP.
 BLOCK_PER_CORE = 1024
 # A training loop's update (one model, not batched): fewer, longer blocks. On the fourth and fifth
-# sessions' machine the 1M- and 10M-parameter updates ran 1.2-1.4x faster at 16384 than at 4096
-# (on the third session's machine 1024 and 4096 were equally fast; 16384 was not measured there).
-BLOCK_UNBATCHED = 16384
+# sessions' machine (2-core AMD EPYC VM) the 1M- and 10M-parameter updates ran 1.2-1.4x faster at
+# 16384 than at 4096, and 32768 was faster again (10M donated step 235 -> 196 ms; 65536: 205 ms, and
+# 1.3x slower at 1M). On the third session's machine 1024 and 4096 were equally fast; larger blocks
+# were not measured there.
+BLOCK_UNBATCHED = 32768
 
 
 def default_block_size(batched: bool = False) -> int:
     """The block size (parameters) for the per-parameter MLPs' blockwise GEMMs on the local devices.
 
-    Unbatched (a training loop's update of one model): `BLOCK_UNBATCHED` (16384). Batched (the
+    Unbatched (a training loop's update of one model): `BLOCK_UNBATCHED` (32768). Batched (the
     meta-training estimators run the update over a batch of particles, `opt_fn(..., is_training=True)`):
     `BLOCK_PER_CORE` (1024) when jax runs several CPU devices (one per core, as the scripts and
     `outer_trainers.use_all_cpu_cores` set up), else `BLOCK_ONE_DEVICE` (4096). Read at trace time;

@@ -19,7 +19,7 @@ as a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS no
 folded into the first layer's rows, W1' = diag(1/rms) W1, so features are never rescaled.
 Tensors of at least `column_min_size` parameters are processed in blocks of `chunk_size`
 parameters (the last block overlaps the one before it, so every block is full; by default
-`features.default_block_size(batched=is_training)`: 16384 in a training loop's update; while
+`features.default_block_size(batched=is_training)`: 32768 in a training loop's update; while
 meta-training, where the estimators run it batched over particles, 4096 on one device and 1024
 with one CPU device per core): each block's
 [F, c] features are formed from slices of the accumulators and the MLP runs on them

@@ -43,7 +43,7 @@ SECTION = "## Optimizer step"
 # layer widths of an MLP whose weights make the model: ~1.0M and ~9.5M parameters
 MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10)}
 # block sizes at which `best_gemm_floor` times MLPLOpt's GEMMs
-GEMM_BLOCKS = (1024, 4096, 16384)
+GEMM_BLOCKS = (1024, 4096, 16384, 32768, 65536)
 
 
 def model_params(widths: Sequence[int], key: jax.Array) -> dict:

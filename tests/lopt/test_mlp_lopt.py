@@ -59,14 +59,14 @@ def test_matches_reference_over_steps(chunk_size, column_min_size):
 
 
 def test_block_size_follows_the_devices_unless_given():
-    """A training loop's update: the 16384 block; meta-training (batched over particles) on one CPU
+    """A training loop's update: the 32768 block; meta-training (batched over particles) on one CPU
     device (the test process): the 4096 block; an explicit chunk_size wins; 0 is refused.
     (Several CPU devices give 1024 while meta-training: tests/outer_trainers/test_devices.py.)"""
     from lopt import features as ft
     assert len(jax.local_devices()) == 1 or jax.local_devices()[0].platform != "cpu"
-    assert ft.default_block_size() == ft.BLOCK_UNBATCHED == 16384
+    assert ft.default_block_size() == ft.BLOCK_UNBATCHED == 32768
     assert ft.default_block_size(batched=True) == ft.BLOCK_ONE_DEVICE == 4096
-    assert lopt.MLPLOpt().block_size == 16384 and lopt.MLPLOpt().meta_training_block_size == 4096
+    assert lopt.MLPLOpt().block_size == 32768 and lopt.MLPLOpt().meta_training_block_size == 4096
     assert lopt.MLPLOpt(chunk_size=300).block_size == lopt.MLPLOpt(chunk_size=300).meta_training_block_size == 300
     assert "chunk_size" not in lopt.MLPLOpt().config()
     with pytest.raises(ValueError, match="chunk_size >= 1"):
@@ -75,7 +75,7 @@ def test_block_size_follows_the_devices_unless_given():
 
 def test_meta_training_update_runs_in_the_batched_blocks():
     """`opt_fn(theta, is_training=True)` (LOptTruncatedStep's call) blocks a 10,000-parameter tensor
-    in the batched 4096 blocks (a loop), a training loop's `opt_fn(theta)` in one 16384 block (no
+    in the batched 4096 blocks (a loop), a training loop's `opt_fn(theta)` in one 32768 block (no
     loop); both compute the same update."""
     lo = lopt.MLPLOpt(hidden_size=8)
     theta = lo.init(jax.random.key(0))
