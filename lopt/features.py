@@ -195,7 +195,7 @@ def tensor_lstm_inputs(stats: jax.Array, params: Sequence[Any], ctx: jax.Array) 
 # (TruncatedPES: 16 here), so a block's activations are [particles, hidden, c]; measured on 2-core CPUs:
 # One CPU device: XLA's intra-op threads spread a block's GEMMs over every core and their caches,
 # and a 4096 block was fastest under PES on a 4-layer image MLP (1024: 16% slower on one machine,
-# 35% on another; 16384: 50% slower).
+# 35% on another; 16384: 40-50% slower).
 BLOCK_ONE_DEVICE = 4096
 # One CPU device per core: each device runs its share of the particles on one core, so a block's
 # [particles, hidden, c] activations must fit that core's L2 (2 MiB here). 1024 blocks made PES
