@@ -66,9 +66,7 @@ class LearnedOptimizer:
           theta: meta-parameters, as from `init`.
           num_steps: the training horizon N for progress features (may be traced; None: unknown,
             progress features are zero; architectures without them ignore it).
-          is_training: True while meta-training, where the estimators run the update batched over
-            particles (`LOptTruncatedStep` passes it). No architecture computes anything different
-            with it; MLPLOpt sizes its blocks for the batch (`features.default_block_size`).
+          is_training: True while meta-training (no architecture here changes behaviour with it).
 
         Returns:
           An `optax.GradientTransformationExtraArgs`.

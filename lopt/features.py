@@ -10,7 +10,8 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
   NNAdam, HyperLOpt)
 - `block_starts`, `blockwise_map`: full, possibly overlapping blocks of a long axis, for
   per-block work that keeps its temporaries in cache; `default_block_size`, the block that
-  suits the local devices and whether the update runs batched over particles
+  suits the local devices and whether the update runs batched over many models
+  (`batched_updates`)
 - `EPS` (1e-8): added to a second moment before every square root / rsqrt of it
 - `tree_mismatch`, `require_params`: the trace-time checks of `tx.update`'s inputs (and of theta,
   `LearnedOptimizer.check_theta`), naming the first leaf path that differs
@@ -21,8 +22,10 @@ is linear per feature, so they fold 1/rms_f into the rows of the first layer's w
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -192,7 +195,8 @@ def tensor_lstm_inputs(stats: jax.Array, params: Sequence[Any], ctx: jax.Array) 
 
 
 # Per-parameter-MLP block sizes (issue #16). Meta-training runs the update batched over particles
-# (TruncatedPES: 16 here), so a block's activations are [particles, hidden, c]; measured on 2-core CPUs:
+# (TruncatedPES: 16 here) and evaluation over tasks, so a block's activations are [batch, hidden, c];
+# measured on 2-core CPUs:
 # One CPU device: XLA's intra-op threads spread a block's GEMMs over every core and their caches,
 # and a 4096 block was fastest under PES on a 4-layer image MLP (1024: 16% slower on one machine,
 # 35% on another; 16384: 40-50% slower).
@@ -209,22 +213,46 @@ BLOCK_PER_CORE = 1024
 BLOCK_UNBATCHED = 32768
 
 
-def default_block_size(batched: bool = False) -> int:
+_BATCHED_UPDATES = contextvars.ContextVar("lopt_batched_updates", default=False)
+
+
+@contextlib.contextmanager
+def batched_updates() -> Iterator[None]:
+    """Marks learned optimizers built inside it (`opt_fn`) as run batched over many models.
+
+    The meta-training step (`outer_trainers.LOptTruncatedStep`, vmapped over particles) and the
+    batched evaluation trainer (`outer_trainers.evaluation.make_task_trainer`) build their optimizers
+    inside it, so that `default_block_size` picks the blocks that suit a batch. It is read when
+    `opt_fn` is called, at trace time, and changes speed only: enter it inside the function that
+    is traced (a jitted function traced once keeps the blocks it was traced with).
+
+    Yields:
+      None.
+    """
+    token = _BATCHED_UPDATES.set(True)
+    try:
+        yield
+    finally:
+        _BATCHED_UPDATES.reset(token)
+
+
+def default_block_size(batched: Optional[bool] = None) -> int:
     """The block size (parameters) for the per-parameter MLPs' blockwise GEMMs on the local devices.
 
-    Unbatched (a training loop's update of one model): `BLOCK_UNBATCHED` (32768). Batched (the
-    meta-training estimators run the update over a batch of particles, `opt_fn(..., is_training=True)`):
-    `BLOCK_PER_CORE` (1024) when jax runs several CPU devices (one per core, as the scripts and
-    `outer_trainers.use_all_cpu_cores` set up), else `BLOCK_ONE_DEVICE` (4096). Read at trace time;
-    the choice changes speed only (and float32 summation order), never the function computed.
+    Unbatched (a training loop's update of one model): `BLOCK_UNBATCHED` (32768). Batched (an
+    update vmapped over many models: the meta-training estimators' particles, the evaluation
+    trainer's tasks): `BLOCK_PER_CORE` (1024) when jax runs several CPU devices (one per core, as
+    the scripts and `outer_trainers.use_all_cpu_cores` set up), else `BLOCK_ONE_DEVICE` (4096).
+    The choice changes speed only (and float32 summation order), never the function computed.
 
     Args:
-      batched: whether the update runs batched over many particles (meta-training).
+      batched: whether the update runs batched over many models; None: whether this is called
+        inside `batched_updates()`.
 
     Returns:
       The number of parameters per block.
     """
-    if not batched:
+    if not (_BATCHED_UPDATES.get() if batched is None else batched):
         return BLOCK_UNBATCHED
     devices = jax.local_devices()
     return BLOCK_PER_CORE if devices[0].platform == "cpu" and len(devices) > 1 else BLOCK_ONE_DEVICE

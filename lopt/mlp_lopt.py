@@ -19,9 +19,9 @@ as a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS no
 folded into the first layer's rows, W1' = diag(1/rms) W1, so features are never rescaled.
 Tensors of at least `column_min_size` parameters are processed in blocks of `chunk_size`
 parameters (the last block overlaps the one before it, so every block is full; by default
-`features.default_block_size(batched=is_training)`: 32768 in a training loop's update; while
-meta-training, where the estimators run it batched over particles, 4096 on one device and 1024
-with one CPU device per core): each block's
+`features.default_block_size()`: 32768 in a training loop's update; when the update runs batched
+over many models, as meta-training's particles and the evaluation trainer's tasks do
+(`features.batched_updates()`), 4096 on one device and 1024 with one CPU device per core): each block's
 [F, c] features are formed from slices of the accumulators and the MLP runs on them
 column-major, h = relu(W1'ᵀ x + b), writing the block's update in place. No [F, N] feature
 array or [H, N] activation ever exists (at 1M parameters the old padded [blocks, F, c] layout
@@ -114,8 +114,8 @@ class MLPLOpt(LearnedOptimizer):
       use_num_steps: also feed the progress features (min(t/N, 1), log1p(N)/10, 1), N the
         `num_steps` given to `opt_fn` (zeros when it is None).
       chunk_size: parameters per block of the column-major layout; None: `features.default_block_size()`
-        for the devices present when `opt_fn` is called, batched when it is called with
-        `is_training=True` (speed only, not in `config()`).
+        when `opt_fn` is called: for the devices present, and batched inside
+        `features.batched_updates()` (speed only, not in `config()`).
       column_min_size: tensors smaller than this use the row-major MLP (speed only, not in `config()`).
     """
 
@@ -142,16 +142,9 @@ class MLPLOpt(LearnedOptimizer):
 
     @property
     def block_size(self) -> int:
-        """Parameters per block in a training loop's update (`opt_fn(theta)`): `chunk_size`, or
-        `features.default_block_size()`."""
+        """Parameters per block of an update built now by `opt_fn`: `chunk_size`, or
+        `features.default_block_size()` (batched inside `features.batched_updates()`)."""
         return self.chunk_size or ft.default_block_size()
-
-    @property
-    def meta_training_block_size(self) -> int:
-        """Parameters per block while meta-training (`opt_fn(theta, is_training=True)`, run batched
-        over particles by the estimators): `chunk_size`, or `features.default_block_size(batched=True)`
-        for the local devices."""
-        return self.chunk_size or ft.default_block_size(batched=True)
 
     @property
     def num_features(self) -> int:
@@ -169,10 +162,11 @@ class MLPLOpt(LearnedOptimizer):
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        del is_training
         self.check_theta(theta, "MLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mom_idx = self._mom_idx
-        block_size = self.meta_training_block_size if is_training else self.block_size
+        block_size = self.block_size
 
         def init_fn(params):
             return MLPLOptState(*init_accumulators(params, len(self.decays)), jnp.zeros((), jnp.int32))

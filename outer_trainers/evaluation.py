@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lopt import features as lopt_features
 from outer_trainers.train_state import eval_loss, init_train_state, train_step
 from tasks.base import TaskFamily, check_count
 
@@ -61,7 +62,11 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
 
     def train_one(tx_args, cfg, key, data):
         task = family.task_fn(cfg)
-        tx = make_tx(tx_args)
+        if sequential:
+            tx = make_tx(tx_args)
+        else:  # vmapped over the tasks (and settings): blocks sized for a batch (lopt.features)
+            with lopt_features.batched_updates():
+                tx = make_tx(tx_args)
         k_init, k_train, k_eval = jax.random.split(key, 3)
         state = init_train_state(task, tx, k_init)
         state, losses = jax.lax.scan(lambda s, k: train_step(task, tx, s, data, k), state,

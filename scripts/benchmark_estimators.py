@@ -124,7 +124,8 @@ def floor_fn(family, learned_opt, theta, num_particles: int, num_steps: int):
         cfg = family.sample(key)
         task = family.task_fn(cfg)
         params, ms = task.init_with_state(key)
-        tx = learned_opt.opt_fn(theta, is_training=True)  # as LOptTruncatedStep (MLPLOpt's batched blocks)
+        with lopt.features.batched_updates():  # vmapped over tasks, as LOptTruncatedStep builds it
+            tx = learned_opt.opt_fn(theta, is_training=True)
         opt_state = tx.init(params)
 
         def body(carry, k):

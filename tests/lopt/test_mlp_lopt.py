@@ -1,4 +1,6 @@
 """MLPLOpt against a direct transcription of its documented math (no folding, no blocking)."""
+import contextlib
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -59,31 +61,37 @@ def test_matches_reference_over_steps(chunk_size, column_min_size):
 
 
 def test_block_size_follows_the_devices_unless_given():
-    """A training loop's update: the 32768 block; meta-training (batched over particles) on one CPU
-    device (the test process): the 4096 block; an explicit chunk_size wins; 0 is refused.
-    (Several CPU devices give 1024 while meta-training: tests/outer_trainers/test_devices.py.)"""
+    """An update of one model: the 32768 block; an update batched over many models
+    (`features.batched_updates()`) on one CPU device (the test process): the 4096 block; an
+    explicit chunk_size wins; 0 is refused. (Several CPU devices give 1024 batched:
+    tests/outer_trainers/test_devices.py.)"""
     from lopt import features as ft
     assert len(jax.local_devices()) == 1 or jax.local_devices()[0].platform != "cpu"
-    assert ft.default_block_size() == ft.BLOCK_UNBATCHED == 32768
+    assert ft.default_block_size() == ft.default_block_size(batched=False) == ft.BLOCK_UNBATCHED == 32768
     assert ft.default_block_size(batched=True) == ft.BLOCK_ONE_DEVICE == 4096
-    assert lopt.MLPLOpt().block_size == 32768 and lopt.MLPLOpt().meta_training_block_size == 4096
-    assert lopt.MLPLOpt(chunk_size=300).block_size == lopt.MLPLOpt(chunk_size=300).meta_training_block_size == 300
+    assert lopt.MLPLOpt().block_size == 32768 and lopt.MLPLOpt(chunk_size=300).block_size == 300
+    with ft.batched_updates():
+        assert ft.default_block_size() == lopt.MLPLOpt().block_size == 4096
+        assert ft.default_block_size(batched=False) == 32768 and lopt.MLPLOpt(chunk_size=300).block_size == 300
+    assert ft.default_block_size() == 32768  # the context is left
     assert "chunk_size" not in lopt.MLPLOpt().config()
     with pytest.raises(ValueError, match="chunk_size >= 1"):
         lopt.MLPLOpt(chunk_size=0)
 
 
-def test_meta_training_update_runs_in_the_batched_blocks():
-    """`opt_fn(theta, is_training=True)` (LOptTruncatedStep's call) blocks a 10,000-parameter tensor
-    in the batched 4096 blocks (a loop), a training loop's `opt_fn(theta)` in one 32768 block (no
-    loop); both compute the same update."""
+def test_batched_update_runs_in_the_batched_blocks():
+    """`opt_fn` called inside `features.batched_updates()` (as LOptTruncatedStep and the evaluation
+    trainer call it) blocks a 10,000-parameter tensor in the batched 4096 blocks (a loop); called
+    outside, in one 32768 block (no loop); both compute the same update."""
+    from lopt import features as ft
     lo = lopt.MLPLOpt(hidden_size=8)
     theta = lo.init(jax.random.key(0))
     params = {"w": jax.random.normal(jax.random.key(1), (100, 100))}
     grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.sin(p), params)
     outs, loops = [], []
-    for is_training in (True, False):
-        tx = lo.opt_fn(theta, is_training=is_training)
+    for batched in (True, False):
+        with ft.batched_updates() if batched else contextlib.nullcontext():
+            tx = lo.opt_fn(theta, is_training=batched)
         fn = jax.jit(tx.update)
         loops.append(" while(" in fn.lower(grads, tx.init(params), params).compile().as_text())
         outs.append(fn(grads, tx.init(params), params)[0])

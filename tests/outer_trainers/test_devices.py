@@ -35,11 +35,12 @@ def test_use_all_cpu_cores_unless_the_user_chose():
 
 
 def test_block_size_with_one_cpu_device_per_core():
-    """With one CPU device per core, MLPLOpt's meta-training block is the per-core 1024 (issue #16);
-    a training loop's update keeps the 32768 block."""
+    """With one CPU device per core, MLPLOpt's block for batched updates (meta-training, evaluation)
+    is the per-core 1024 (issue #16); an update of one model keeps the 32768 block."""
     code = ("import jax, lopt, outer_trainers as ot; ot.use_all_cpu_cores({arg}); "
-            "print(jax.device_count(), lopt.features.default_block_size(batched=True), "
-            "lopt.MLPLOpt().meta_training_block_size, lopt.MLPLOpt().block_size)")
+            "ctx = lopt.features.batched_updates(); ctx.__enter__(); "
+            "print(jax.device_count(), lopt.features.default_block_size(), lopt.MLPLOpt().block_size, "
+            "lopt.features.default_block_size(batched=False))")
     assert _probe({}, "3", code) == [3, 1024, 1024, 32768]
 
 

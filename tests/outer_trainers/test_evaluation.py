@@ -129,3 +129,19 @@ def test_sequential_runs_equal_vmapped_runs():
             assert a.shape == b.shape
             np.testing.assert_allclose(a, b, rtol=1e-5)
     assert vm[0].shape == (2, 12) and not np.allclose(vm[0][0], vm[0][1])
+
+
+@pytest.mark.parametrize("sequential", [False, True])
+def test_trainer_builds_vmapped_optimizers_for_batched_updates(sequential):
+    """make_task_trainer's vmapped runs build their optimizer inside `lopt.features.batched_updates()`
+    (MLPLOpt's blocks for a batch); its sequential runs (lax.map, one model at a time) do not."""
+    seen = []
+
+    def make_tx(lr):
+        seen.append(lopt.features.default_block_size())
+        return optax.sgd(lr)
+
+    fam = tasks.QuadraticFamily(dim=3)
+    ot.make_task_trainer(fam, make_tx, 3, sequential=sequential)(
+        jnp.float32(0.1), sample_cfgs(fam, jax.random.key(0), 2), jax.random.split(jax.random.key(1), 2), fam.data)
+    assert seen and set(seen) == {lopt.features.default_block_size(batched=not sequential)}
