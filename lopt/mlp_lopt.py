@@ -74,7 +74,11 @@ def momentum_index(decays) -> int:
 
 
 def accumulate(g: jax.Array, m: jax.Array, v: jax.Array, decays: jax.Array, rms_decay: float):
-    """m_k ← β_k m_k + (1 − β_k) g (m [K, *g.shape]), v ← β_v v + (1 − β_v) g²; g float32."""
+    """m_k ← β_k m_k + (1 − β_k) g (m [K, *g.shape]), v ← β_v v + (1 − β_v) g²; g float32.
+
+    Call it on the state in the parameter's own shape and reshape afterwards: then a donated
+    optimizer state is updated in place (after a reshape to [K, n] XLA copied the momenta into the
+    output buffers, as their shapes no longer matched)."""
     b = decays.reshape((-1,) + (1,) * g.ndim)
     return b * m + (1.0 - b) * g, rms_decay * v + (1.0 - rms_decay) * jnp.square(g)
 
@@ -196,8 +200,7 @@ class MLPLOpt(LearnedOptimizer):
                 return jnp.zeros_like(p), m, v
             n, k = jnp.size(p), len(self.decays)
             g32, p32 = jnp.asarray(g, jnp.float32).reshape(-1), jnp.asarray(p, jnp.float32).reshape(-1)
-            # in the tensor's own shape: a donated state is then updated in place (after a reshape
-            # to [K, n] XLA copied the momenta into the output buffers)
+            # in the tensor's own shape (see `accumulate`), then flat
             m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
             m, v = m.reshape(k, n), v.reshape(-1)
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1

@@ -327,8 +327,7 @@ class NormMLPLOpt(LearnedOptimizer):
             if n == 0:
                 return jnp.zeros_like(p), m, v
             g32, p32 = jnp.asarray(g, jnp.float32).reshape(-1), jnp.asarray(p, jnp.float32).reshape(-1)
-            # in the tensor's own shape: a donated state is then updated in place (after a reshape
-            # to [K, n] XLA copied the momenta into the output buffers)
+            # in the tensor's own shape (see `accumulate`), then flat
             m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
             m, v = m.reshape(k, n), v.reshape(-1)
             t1 = (t + 1).astype(jnp.float32)

@@ -13,6 +13,7 @@ optimizer vs tuned Adam report that `scripts/outer_train.py` prints, by the rule
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Sequence
 
@@ -62,11 +63,9 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
 
     def train_one(tx_args, cfg, key, data):
         task = family.task_fn(cfg)
-        if sequential:
+        # vmapped over the tasks (and settings): blocks sized for a batch (lopt.features)
+        with contextlib.nullcontext() if sequential else lopt_features.batched_updates():
             tx = make_tx(tx_args)
-        else:  # vmapped over the tasks (and settings): blocks sized for a batch (lopt.features)
-            with lopt_features.batched_updates():
-                tx = make_tx(tx_args)
         k_init, k_train, k_eval = jax.random.split(key, 3)
         state = init_train_state(task, tx, k_init)
         state, losses = jax.lax.scan(lambda s, k: train_step(task, tx, s, data, k), state,

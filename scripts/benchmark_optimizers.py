@@ -155,22 +155,6 @@ def gemm_floor_call(lo: lopt.MLPLOpt, n: int) -> Callable[[], jax.Array]:
     return call
 
 
-def gemm_floor_s(lo: lopt.MLPLOpt, n: int, repeats: int = 10) -> tuple[float, float]:
-    """The time of MLPLOpt's three GEMMs alone on n parameters (`gemm_floor_call`).
-
-    Args:
-      lo: the MLPLOpt whose `num_features`, `hidden_size`, `hidden_layers` and `block_size` count.
-      n: the number of parameters.
-      repeats: timed calls (after the warm-up call).
-
-    Returns:
-      (median seconds per call, the GEMMs' FLOP/s at that time).
-    """
-    call = gemm_floor_call(lo, n)
-    t = statistics.median(_time(call, ()) for _ in range(repeats))
-    return t, 2 * mlp_lopt_macs(lo) * n / t
-
-
 class Timing(NamedTuple):
     """One optimizer's figures on one model size.
 
