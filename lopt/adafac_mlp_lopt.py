@@ -135,33 +135,35 @@ def leaf_features(g: jax.Array, p: jax.Array, acc: LeafAccum, row_mean: Optional
     return feats
 
 
-# parameters per block of `_blockwise_mean_squares`: its [1+K, rows_b, cols] squares are 2 MiB, in L3
-# (10M-parameter train step, donated, 3 rounds × 5: 32768 82 ms, 65536 80-83, 131072 72-78, 262144 86)
-BLOCK = 131072
-# matrices from this size on use the blocks (the 1M model's 0.8M matrix: analytic 9.7 ms, blocks 10.6)
-BLOCKWISE_MIN = 1 << 21
-
-
-def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: int = BLOCK,
-                         blockwise_min: int = BLOCKWISE_MIN) -> jax.Array:
+def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Optional[int] = None,
+                         min_blocks: Optional[int] = None) -> jax.Array:
     """mean(x_f²) over the tensor for each feature of `leaf_features`, in its order: [F].
 
-    Matrices of at least `blockwise_min` parameters go through blocks of rows (`_blockwise_mean_squares`),
-    so that no temporary of the tensor's size exists: XLA's CPU runtime page-faults a fresh
-    temporary of tens of MB in on every call (~1.5 µs per 4 KiB page), which made the whole-tensor
-    form below 4× slower than the blocks at 6M parameters. Smaller matrices and higher-rank
-    tensors use `_matrix_mean_squares`; vectors and scalars reduce each feature over the whole tensor.
+    A matrix of at least `min_blocks` (None: `features.SUM_MIN_BLOCKS`, 16) blocks of ⌊block / cols⌋
+    rows (block: parameters, by default `features.default_sum_block_size()`; 131072 for one model,
+    so from ~2M parameters on) is
+    reduced block by block (`_blockwise_mean_squares`), so that no temporary of the tensor's size
+    exists: XLA's CPU runtime page-faults a fresh temporary of tens of MB in on every call (~1.5 µs
+    per 4 KiB page), which made the whole-tensor form below 4× slower than the blocks at 6M
+    parameters (10M-parameter train step: 72-78 ms at 131072-parameter blocks, 80-86 at 32768-
+    262144; the 1M model's 0.8M matrix: whole 9.7 ms, blocks 10.6). Smaller matrices and
+    higher-rank tensors use `_matrix_mean_squares`; vectors and scalars reduce each feature over
+    the whole tensor.
     """
     if g.ndim < 2:
         return jnp.stack([jnp.mean(jnp.square(x)) for x in jnp.broadcast_arrays(*leaf_features(g, p, acc))])
-    if g.ndim > 2 or g.size < max(blockwise_min, block + 1):
+    rows, cols = g.shape[-2:]
+    block_rows = max(1, min(rows, (ft.default_sum_block_size() if block is None else block) // cols))
+    min_blocks = ft.SUM_MIN_BLOCKS if min_blocks is None else min_blocks
+    if g.ndim > 2 or rows < max(min_blocks, 2) * block_rows:
         return _matrix_mean_squares(g, p, acc)
-    return _blockwise_mean_squares(g, p, acc, block)
+    return _blockwise_mean_squares(g, p, acc, block_rows, min_blocks)
 
 
-def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: int) -> jax.Array:
-    """`feature_mean_squares` of a [rows, cols] matrix, over blocks of ⌊block / cols⌋ rows (the
-    last block overlaps the one before it; its repeated rows are masked out).
+def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block_rows: int,
+                            min_blocks: int) -> jax.Array:
+    """`feature_mean_squares` of a [rows, cols] matrix, summed over blocks of `block_rows` rows
+    (`features.blockwise_sum`).
 
     The factored features are x·rr_j·cr_j with x in (g, m_1..m_K): rank-1 factors u_j = rr_j² per
     row and w_j = cr_j² per column, so Σ_rc (x rr_j cr_j)² = Σ_r u_jr (x² w_jᵀ)_r: per block one
@@ -171,31 +173,24 @@ def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: i
     3072 × 2048 matrix: 24 ms, against 53 ms for forming the F features of each block and 97 ms
     for the whole-tensor `_matrix_mean_squares`.
     """
-    rows, cols = g.shape
     n_mom = acc.m.shape[0]
-    br = max(1, min(rows, block // cols))
     row_mean = jnp.mean(acc.row, axis=-1, keepdims=True)
     u_all = jnp.square(jax.lax.rsqrt(acc.row / (row_mean + 1e-30) + ft.EPS))   # [K_f, rows], as in leaf_features
     w = jnp.square(jax.lax.rsqrt(acc.col + ft.EPS))                               # [K_f, cols]
-    starts = ft.block_starts(rows, br)
 
-    def block_sums(i):
-        s = starts[i]
-        sl = lambda x, axis: jax.lax.dynamic_slice_in_dim(x, s, br, axis=axis)
+    def block_sums(s, size):
+        sl = lambda x, axis: jax.lax.dynamic_slice_in_dim(x, s, size, axis=axis)
         gb, pb, mb, vb = sl(g, 0), sl(p, 0), sl(acc.m, 1), sl(acc.v, 0)
-        valid = (s + jnp.arange(br) >= i * br).astype(g.dtype)                  # overlapped rows count once
-        total = lambda x: jnp.sum(x * valid[:, None])
         inv_v = jnp.square(jax.lax.rsqrt(vb + ft.EPS))
         ms = [mb[k] for k in range(n_mom)]
-        plain = ([total(jnp.square(gb)), total(jnp.square(pb))] + [total(jnp.square(m)) for m in ms] + [total(vb)]
-                 + [total(jnp.square(m) * inv_v) for m in ms] + [total(inv_v)])
-        sq = jnp.concatenate([jnp.square(gb)[None], jnp.square(mb)]).reshape(-1, cols)   # [(1+K)·br, cols]
-        xw = (sq @ w.T).reshape(1 + n_mom, br, -1)                                       # [1+K, br, K_f]
-        fac = jnp.einsum("qrj,jr->qj", xw, sl(u_all, 1) * valid)                          # [1+K, K_f]
+        plain = ([jnp.sum(jnp.square(gb)), jnp.sum(jnp.square(pb))] + [jnp.sum(jnp.square(m)) for m in ms]
+                 + [jnp.sum(vb)] + [jnp.sum(jnp.square(m) * inv_v) for m in ms] + [jnp.sum(inv_v)])
+        sq = jnp.concatenate([jnp.square(gb)[None], jnp.square(mb)]).reshape(-1, gb.shape[1])  # [(1+K)·size, cols]
+        xw = (sq @ w.T).reshape(1 + n_mom, size, -1)                                         # [1+K, size, K_f]
+        fac = jnp.einsum("qrj,jr->qj", xw, sl(u_all, 1))                                      # [1+K, K_f]
         return jnp.concatenate([jnp.stack(plain), fac.reshape(-1)])
 
-    # one traced body for every block (a fori_loop's carry would need a first block traced outside it)
-    sums = jnp.sum(jax.lax.map(block_sums, jnp.arange(starts.shape[0])), axis=0) / g.size
+    sums = ft.blockwise_sum(block_sums, g.shape[0], block_rows, min_blocks) / g.size
     n_plain = 4 + 2 * n_mom
     fac = sums[n_plain:].reshape(1 + n_mom, -1)
     return jnp.concatenate([sums[:n_plain], fac[0], jnp.mean(u_all, axis=-1), jnp.mean(w, axis=-1), fac[1:].reshape(-1)])

@@ -26,7 +26,8 @@ over many models, as meta-training's particles and the evaluation trainer's task
 column-major, h = relu(W1'ᵀ x + b), writing the block's update in place. No [F, N] feature
 array or [H, N] activation ever exists (at 1M parameters the old padded [blocks, F, c] layout
 page-faulted ~80 MB of fresh temporaries per update), everything per block stays in cache, and
-XLA's CPU GEMM runs on a friendly shape. The RMS of each feature is one whole-tensor reduction.
+XLA's CPU GEMM runs on a friendly shape. The RMS of each feature is a whole-tensor reduction,
+taken block by block on big tensors (`features.blockwise_sum`).
 Smaller tensors use a plain row-major MLP, faster for them. Theta is unchanged by any of this,
 and `chunk_size` / `column_min_size` are not part of `config()`: they change speed, not the
 function theta defines.
@@ -92,12 +93,17 @@ def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_id
 
 def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int) -> jax.Array:
     """Σ x_f² over the tensor for each feature of `leaf_features` (g, p, m [K, n], v flat): [F].
-    One reduction per feature, the K momenta in one (reducing the [n] slices m[k] separately would
-    copy each of them first)."""
-    rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
-    one = lambda x: jnp.sum(jnp.square(x))[None]
-    return jnp.concatenate([one(g), one(p), jnp.sum(jnp.square(m), axis=1), one(jnp.sqrt(v)), one(g * rsqrt_v),
-                            one(m[mom_idx] * rsqrt_v)])
+
+    Per block of `features.blockwise_sum` (a big tensor's eleven reductions then read each block
+    from cache: 6.3M parameters 21.7 -> 10.0 ms on the 2-core CPU), one reduction per feature and
+    the K momenta in one (reducing the [c] slices m[k] separately would copy each of them first)."""
+    def block(start, size):
+        g_, p_, m_, v_ = (jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim - 1) for x in (g, p, m, v))
+        rsqrt_v = jax.lax.rsqrt(v_ + ft.EPS)
+        one = lambda x: jnp.sum(jnp.square(x))[None]
+        return jnp.concatenate([one(g_), one(p_), jnp.sum(jnp.square(m_), axis=1), one(jnp.sqrt(v_)),
+                                one(g_ * rsqrt_v), one(m_[mom_idx] * rsqrt_v)])
+    return ft.blockwise_sum(block, g.shape[-1])
 
 
 class MLPLOpt(LearnedOptimizer):

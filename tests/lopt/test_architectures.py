@@ -196,6 +196,36 @@ def test_mlp_lopt_chunk_size_does_not_change_updates():
     chex.assert_trees_all_close(ups[0], ups[1], rtol=1e-5, atol=1e-9)
 
 
+# the architectures whose per-tensor statistics are sums over each tensor (`features.blockwise_sum`)
+SUMS_IN_BLOCKS = {"MLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt", "NormMLPLOpt", "HyperLOpt"}
+
+
+def test_blockwise_sums_do_not_change_updates(arch, monkeypatch):
+    """The per-tensor sums taken in blocks of 2 parameters (of 2 rows for AdafacMLPLOpt's matrix)
+    give the same updates, over three steps, as whole-tensor sums, and add a loop (a `lax.map`) to
+    the update of the architectures that take them."""
+    from lopt import features as ft
+    lo, theta = arch
+    params = make_params()
+
+    def steps():
+        tx = lo.opt_fn(theta)
+        step = jax.jit(lambda g, s, p: tx.update(g, s, p, loss=jnp.asarray(0.5)))  # a fresh jit: no shared cache
+        state, out = tx.init(params), []
+        for i in range(3):
+            u, state = step(grads_for(params, i), state, params)
+            out.append(u)
+        loops = str(jax.make_jaxpr(step)(grads_for(params, 0), tx.init(params), params)).count("scan[")
+        return out, loops
+
+    whole, whole_loops = steps()
+    monkeypatch.setattr(ft, "SUM_BLOCK_UNBATCHED", 2)
+    monkeypatch.setattr(ft, "SUM_MIN_BLOCKS", 2)
+    blocked, blocked_loops = steps()
+    chex.assert_trees_all_close(blocked, whole, rtol=2e-5, atol=1e-7)
+    assert (blocked_loops > whole_loops) == (type(lo).__name__ in SUMS_IN_BLOCKS), (blocked_loops, whole_loops)
+
+
 def test_bf16_params_inside_lax_scan(arch):
     """As PES and train_model run them: a scan carry of bf16 params and the optimizer state keeps
     its types (a float32 β must not promote a bf16 state), the state is float32 and the updates bf16."""

@@ -1,0 +1,56 @@
+"""lopt.features' blockwise sums: the same sum as the whole axis's, split only when there are
+enough blocks, with the block sizes chosen by `batched_updates()`."""
+import chex
+import jax
+import jax.numpy as jnp
+import pytest
+
+from lopt import features as ft
+
+
+def _sum_of_squares(x, sizes):
+    """fn of `blockwise_sum` over the last axis of x ([..., n] -> [2]: Σx², Σx), recording the
+    block sizes it is traced with."""
+    def fn(start, size):
+        sizes.append(size)
+        blk = jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim - 1)
+        return jnp.stack([jnp.sum(jnp.square(blk)), jnp.sum(blk)])
+    return fn
+
+
+@pytest.mark.parametrize("n,c,min_blocks,traced", [
+    (103, 10, 2, [10, 3]),    # 10 full blocks in a map (traced once), then the 3 left
+    (100, 10, 2, [10]),       # no elements left over
+    (103, 10, 11, [103]),     # fewer than min_blocks blocks: the whole axis at once
+    (15, 10, 1, [15]),        # one full block is never split off
+])
+def test_blockwise_sum_equals_the_whole_sum(n, c, min_blocks, traced):
+    x = jax.random.normal(jax.random.key(0), (3, n))
+    sizes = []
+    got = jax.jit(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), n, c, min_blocks))(x)
+    chex.assert_trees_all_close(got, jnp.stack([jnp.sum(jnp.square(x)), jnp.sum(x)]), rtol=1e-5)
+    assert sizes == traced
+
+
+def test_blockwise_sum_under_vmap():
+    """Batched over models (as meta-training's particles run it), each model's own sum."""
+    x = jax.random.normal(jax.random.key(1), (4, 2, 57))
+    got = jax.jit(jax.vmap(lambda x: ft.blockwise_sum(_sum_of_squares(x, []), 57, 5, 2)))(x)
+    chex.assert_trees_all_close(got, jnp.stack([jnp.sum(jnp.square(x), axis=(1, 2)), jnp.sum(x, axis=(1, 2))], 1),
+                                rtol=1e-5)
+
+
+def test_sum_block_size_follows_batched_updates():
+    """131072-parameter blocks for the update of one model, 16384 batched over many models; an
+    axis of fewer than 16 blocks is summed whole (2M parameters for one model)."""
+    assert ft.default_sum_block_size() == ft.default_sum_block_size(batched=False) == ft.SUM_BLOCK_UNBATCHED == 131072
+    with ft.batched_updates():
+        assert ft.default_sum_block_size() == ft.SUM_BLOCK_BATCHED == 16384
+        assert ft.default_sum_block_size(batched=False) == 131072
+    assert ft.default_sum_block_size() == 131072
+    sizes = []
+    x = jnp.ones((1, 16 * 131072 - 1))
+    jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
+    with ft.batched_updates():
+        jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
+    assert sizes == [16 * 131072 - 1, 16384, 16383]
