@@ -135,26 +135,31 @@ def leaf_features(g: jax.Array, p: jax.Array, acc: LeafAccum, row_mean: Optional
     return feats
 
 
+# `feature_mean_squares` sums a matrix of at least this many blocks of rows block by block: unlike
+# the per-parameter architectures' plain sums (`features.SUM_MIN_BLOCKS`, 16), its row blocks beat
+# the whole-matrix form from 2 blocks on (1M-parameter model, donated train step on the 2-core CPU:
+# 6.4 ms whole, 5.9 ms at 2 or 4 blocks minimum; HyperLOpt 6.2 -> 5.4 ms)
+MIN_ROW_BLOCKS = 2
+
+
 def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Optional[int] = None,
                          min_blocks: Optional[int] = None) -> jax.Array:
     """mean(x_f²) over the tensor for each feature of `leaf_features`, in its order: [F].
 
-    A matrix of at least `min_blocks` (None: `features.SUM_MIN_BLOCKS`, 16) blocks of ⌊block / cols⌋
-    rows (block: parameters, by default `features.default_sum_block_size()`; 131072 for one model,
-    so from ~2M parameters on) is
+    A matrix of at least `min_blocks` (None: `MIN_ROW_BLOCKS`, 2) blocks of ⌊block / cols⌋ rows
+    (block: parameters, by default `features.default_sum_block_size()`, 131072 for one model) is
     reduced block by block (`_blockwise_mean_squares`), so that no temporary of the tensor's size
     exists: XLA's CPU runtime page-faults a fresh temporary of tens of MB in on every call (~1.5 µs
     per 4 KiB page), which made the whole-tensor form below 4× slower than the blocks at 6M
     parameters (10M-parameter train step: 72-78 ms at 131072-parameter blocks, 80-86 at 32768-
-    262144; the 1M model's 0.8M matrix: whole 9.7 ms, blocks 10.6). Smaller matrices and
-    higher-rank tensors use `_matrix_mean_squares`; vectors and scalars reduce each feature over
-    the whole tensor.
+    262144). Smaller matrices and higher-rank tensors use `_matrix_mean_squares`; vectors and
+    scalars reduce each feature over the whole tensor.
     """
     if g.ndim < 2:
         return jnp.stack([jnp.mean(jnp.square(x)) for x in jnp.broadcast_arrays(*leaf_features(g, p, acc))])
     rows, cols = g.shape[-2:]
     block_rows = max(1, min(rows, (ft.default_sum_block_size() if block is None else block) // cols))
-    min_blocks = ft.SUM_MIN_BLOCKS if min_blocks is None else min_blocks
+    min_blocks = MIN_ROW_BLOCKS if min_blocks is None else min_blocks
     if g.ndim > 2 or rows < max(min_blocks, 2) * block_rows:
         return _matrix_mean_squares(g, p, acc)
     return _blockwise_mean_squares(g, p, acc, block_rows, min_blocks)
