@@ -264,11 +264,14 @@ def default_block_size(batched: Optional[bool] = None) -> int:
 # reductions of the same accumulators (MLPLOpt: 11 sums of squares over g, p, the 6 momenta and v).
 # Taken over a whole big tensor, each reduction streams it from memory again; taken block by block
 # (`blockwise_sum`), a block's reductions read it from cache. Measured on the 2-core AMD EPYC VM
-# (32 MiB L3), MLPLOpt's sums over one tensor: unbatched, 6.3M parameters 21.7 -> 10.0 ms and 3.1M
-# 9.7 -> 5.3 ms at 131072-parameter blocks, while up to 2M parameters the whole-tensor reductions
-# were as fast or faster (1M: 1.7 ms whole, 2.2-3.5 ms blocked); vmapped over 16 models of 262144
-# parameters 27.7 -> 8.5 ms and over 8 of 1M 29.2 -> 13.7 ms at 16384 blocks (whole was as fast or
-# faster up to 16 x 131072). Either way the best block holds ~131072-262144 elements over the batch.
+# (32 MiB L3), in the donated train step of a 10M-parameter model (one process, interleaved):
+# MLPLOpt 178 -> 164, 194 -> 177 and 188 -> 183 ms, RNNMLPLOpt 62-73 -> 40-46 ms, normmlp_v3
+# 86-95 -> 69-80 ms at 131072-parameter blocks; MLPLOpt's sums alone over a 6.3M tensor 21.7 -> 10.0 ms, while up to 2M
+# parameters the whole-tensor reductions were as fast or faster. Batched over many models (vmapped,
+# as meta-training's particles run them) MLPLOpt's step was 3-14% slower with its sums in blocks (4 x
+# 3.1M, 16 x 0.5M parameters), so there the plain sums are whole; AdafacMLPLOpt's row blocks
+# (`adafac_mlp_lopt.feature_mean_squares`, which passes its block explicitly) were faster batched too,
+# at 16384 parameters per model: 4 x 3.1M 174-236 -> 104-113 ms, 16 x 0.5M 111-119 -> 88-93 ms.
 SUM_BLOCK_UNBATCHED = 131072
 SUM_BLOCK_BATCHED = 16384
 # `blockwise_sum` reduces an axis of fewer than this many blocks whole
@@ -276,7 +279,7 @@ SUM_MIN_BLOCKS = 16
 
 
 def default_sum_block_size(batched: Optional[bool] = None) -> int:
-    """The block size (parameters) of `blockwise_sum` for per-tensor statistics.
+    """The block size (parameters per model) for per-tensor statistics taken in blocks.
 
     Args:
       batched: whether the update runs batched over many models; None: whether this is called
@@ -293,20 +296,24 @@ def blockwise_sum(fn, n: int, c: Optional[int] = None, min_blocks: Optional[int]
     """Σ_b fn(start_b, size_b) over consecutive, non-overlapping blocks covering [0, n).
 
     The floor(n / c) blocks of c elements run in one `lax.map` (fn traced once for all of them),
-    then a last block of the n mod c elements left; with fewer than `min_blocks` blocks the axis is
-    one block, fn(0, n). The value is the whole-axis sum's up to float32 summation order.
+    then a last block of the n mod c elements left; with fewer than `min_blocks` blocks, or with c
+    None inside `batched_updates()`, the axis is one block, fn(0, n). The value is the whole-axis
+    sum's up to float32 summation order.
 
     Args:
       fn: (start, size) -> an array, the same shape for every block: the partial sum over elements
         start .. start + size − 1 of the axis (start traced, size static).
       n: the length of the summed axis.
-      c: elements per block; None: `default_sum_block_size()`.
+      c: elements per block; None: `SUM_BLOCK_UNBATCHED`, and the whole axis inside
+        `batched_updates()` (see the measurements at `SUM_BLOCK_UNBATCHED`).
       min_blocks: the fewest full blocks worth splitting the axis into; None: `SUM_MIN_BLOCKS`.
 
     Returns:
       The sum of fn over the blocks.
     """
-    c = default_sum_block_size() if c is None else int(c)
+    if c is None:
+        c = n if _BATCHED_UPDATES.get() else SUM_BLOCK_UNBATCHED
+    c = max(int(c), 1)
     full, tail = divmod(n, c)
     if full < max(SUM_MIN_BLOCKS if min_blocks is None else min_blocks, 2):
         return fn(0, n)

@@ -41,8 +41,10 @@ def test_blockwise_sum_under_vmap():
 
 
 def test_sum_block_size_follows_batched_updates():
-    """131072-parameter blocks for the update of one model, 16384 batched over many models; an
-    axis of fewer than 16 blocks is summed whole (2M parameters for one model)."""
+    """`default_sum_block_size`: 131072 parameters for the update of one model, 16384 per model
+    batched over many. `blockwise_sum` with its default block: 131072-parameter blocks for one
+    model from 16 blocks (2M parameters) on, and the whole axis batched (there MLPLOpt's step was
+    slower with its sums in blocks); a block given explicitly is used batched too."""
     assert ft.default_sum_block_size() == ft.default_sum_block_size(batched=False) == ft.SUM_BLOCK_UNBATCHED == 131072
     with ft.batched_updates():
         assert ft.default_sum_block_size() == ft.SUM_BLOCK_BATCHED == 16384
@@ -53,4 +55,11 @@ def test_sum_block_size_follows_batched_updates():
     jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
     with ft.batched_updates():
         jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
-    assert sizes == [16 * 131072 - 1, 16384, 16383]
+    assert sizes == [16 * 131072 - 1, 16 * 131072 - 1]
+    sizes.clear()
+    x = jnp.ones((1, 16 * 131072 + 5))
+    jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
+    with ft.batched_updates():
+        jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
+        jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1], 16384), x)
+    assert sizes == [131072, 5, 16 * 131072 + 5, 16384, 5]
