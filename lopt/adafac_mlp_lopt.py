@@ -147,7 +147,7 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Opti
     """mean(x_f²) over the tensor for each feature of `leaf_features`, in its order: [F].
 
     A matrix of at least `min_blocks` (None: `MIN_ROW_BLOCKS`, 2) blocks of ⌊block / cols⌋ rows
-    (block: parameters, by default `features.default_sum_block_size()`, 131072 for one model) is
+    (block: parameters, by default `features.SUM_BLOCK`, 131072, also when vmapped over models) is
     reduced block by block (`_blockwise_mean_squares`), so that no temporary of the tensor's size
     exists: XLA's CPU runtime page-faults a fresh temporary of tens of MB in on every call (~1.5 µs
     per 4 KiB page), which made the whole-tensor form below 4× slower than the blocks at 6M
@@ -158,7 +158,7 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Opti
     if g.ndim < 2:
         return jnp.stack([jnp.mean(jnp.square(x)) for x in jnp.broadcast_arrays(*leaf_features(g, p, acc))])
     rows, cols = g.shape[-2:]
-    block_rows = max(1, min(rows, (ft.default_sum_block_size() if block is None else block) // cols))
+    block_rows = max(1, min(rows, (ft.SUM_BLOCK if block is None else block) // cols))
     min_blocks = MIN_ROW_BLOCKS if min_blocks is None else min_blocks
     if g.ndim > 2 or rows < max(min_blocks, 2) * block_rows:
         return _matrix_mean_squares(g, p, acc)

@@ -12,8 +12,9 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
   per-block work that keeps its temporaries in cache; `default_block_size`, the block that
   suits the local devices and whether the update runs batched over many models
   (`batched_updates`)
-- `blockwise_sum`, `default_sum_block_size`: a sum over a long axis (the per-tensor feature
-  statistics) taken block by block, so each block's several reductions read it from cache
+- `blockwise_sum`: a sum over a long axis (the per-tensor feature statistics) taken block by
+  block, so each block's several reductions read it from cache; `updates_are_batched`, whether
+  an optimizer is being built inside `batched_updates()`
 - `EPS` (1e-8): added to a second moment before every square root / rsqrt of it
 - `tree_mismatch`, `require_params`: the trace-time checks of `tx.update`'s inputs (and of theta,
   `LearnedOptimizer.check_theta`), naming the first leaf path that differs
@@ -254,7 +255,7 @@ def default_block_size(batched: Optional[bool] = None) -> int:
     Returns:
       The number of parameters per block.
     """
-    if not (_BATCHED_UPDATES.get() if batched is None else batched):
+    if not (updates_are_batched() if batched is None else batched):
         return BLOCK_UNBATCHED
     devices = jax.local_devices()
     return BLOCK_PER_CORE if devices[0].platform == "cpu" and len(devices) > 1 else BLOCK_ONE_DEVICE
@@ -266,54 +267,45 @@ def default_block_size(batched: Optional[bool] = None) -> int:
 # (`blockwise_sum`), a block's reductions read it from cache. Measured on the 2-core AMD EPYC VM
 # (32 MiB L3), in the donated train step of a 10M-parameter model (one process, interleaved):
 # MLPLOpt 178 -> 164, 194 -> 177 and 188 -> 183 ms, RNNMLPLOpt 62-73 -> 40-46 ms, normmlp_v3
-# 86-95 -> 69-80 ms at 131072-parameter blocks; MLPLOpt's sums alone over a 6.3M tensor 21.7 -> 10.0 ms, while up to 2M
-# parameters the whole-tensor reductions were as fast or faster. Batched over many models (vmapped,
-# as meta-training's particles run them) MLPLOpt's step was 3-14% slower with its sums in blocks (4 x
-# 3.1M, 16 x 0.5M parameters), so there the plain sums are whole; AdafacMLPLOpt's row blocks
-# (`adafac_mlp_lopt.feature_mean_squares`, which passes its block explicitly) were faster batched too,
-# at 16384 parameters per model: 4 x 3.1M 174-236 -> 104-113 ms, 16 x 0.5M 111-119 -> 88-93 ms.
-SUM_BLOCK_UNBATCHED = 131072
-SUM_BLOCK_BATCHED = 16384
+# 86-95 -> 69-80 ms at 131072-parameter blocks; MLPLOpt's sums alone over a 6.3M tensor 21.7 -> 10.0
+# ms, while up to 2M parameters the whole-tensor reductions were as fast or faster. Vmapped over 4
+# models of 3.1M parameters (as meta-training's particles run the update), MLPLOpt's step was
+# 7-14% slower with its sums in these blocks, so the architectures take them whole when built inside
+# `batched_updates()`; AdafacMLPLOpt's row blocks (`adafac_mlp_lopt.feature_mean_squares`) were
+# faster vmapped too: 4 x 3.1M 174-236 -> 104-113 ms, 16 x 0.5M 111-119 -> 88-93 ms.
+SUM_BLOCK = 131072
 # `blockwise_sum` reduces an axis of fewer than this many blocks whole
 SUM_MIN_BLOCKS = 16
 
 
-def default_sum_block_size(batched: Optional[bool] = None) -> int:
-    """The block size (parameters per model) for per-tensor statistics taken in blocks.
-
-    Args:
-      batched: whether the update runs batched over many models; None: whether this is called
-        inside `batched_updates()`.
+def updates_are_batched() -> bool:
+    """Whether this is called inside `batched_updates()`: learned optimizers read it in `opt_fn`
+    to choose how to run an update that will be vmapped over many models.
 
     Returns:
-      `SUM_BLOCK_BATCHED` (16384) when batched, else `SUM_BLOCK_UNBATCHED` (131072).
+      True inside the context, else False.
     """
-    batched = _BATCHED_UPDATES.get() if batched is None else batched
-    return SUM_BLOCK_BATCHED if batched else SUM_BLOCK_UNBATCHED
+    return _BATCHED_UPDATES.get()
 
 
 def blockwise_sum(fn, n: int, c: Optional[int] = None, min_blocks: Optional[int] = None) -> jax.Array:
     """Σ_b fn(start_b, size_b) over consecutive, non-overlapping blocks covering [0, n).
 
     The floor(n / c) blocks of c elements run in one `lax.map` (fn traced once for all of them),
-    then a last block of the n mod c elements left; with fewer than `min_blocks` blocks, or with c
-    None inside `batched_updates()`, the axis is one block, fn(0, n). The value is the whole-axis
-    sum's up to float32 summation order.
+    then a last block of the n mod c elements left; with fewer than `min_blocks` blocks the axis is
+    one block, fn(0, n). The value is the whole-axis sum's up to float32 summation order.
 
     Args:
       fn: (start, size) -> an array, the same shape for every block: the partial sum over elements
         start .. start + size − 1 of the axis (start traced, size static).
       n: the length of the summed axis.
-      c: elements per block; None: `SUM_BLOCK_UNBATCHED`, and the whole axis inside
-        `batched_updates()` (see the measurements at `SUM_BLOCK_UNBATCHED`).
+      c: elements per block; None: `SUM_BLOCK` (131072).
       min_blocks: the fewest full blocks worth splitting the axis into; None: `SUM_MIN_BLOCKS`.
 
     Returns:
       The sum of fn over the blocks.
     """
-    if c is None:
-        c = n if _BATCHED_UPDATES.get() else SUM_BLOCK_UNBATCHED
-    c = max(int(c), 1)
+    c = max(int(SUM_BLOCK if c is None else c), 1)
     full, tail = divmod(n, c)
     if full < max(SUM_MIN_BLOCKS if min_blocks is None else min_blocks, 2):
         return fn(0, n)

@@ -27,7 +27,7 @@ column-major, h = relu(W1'ᵀ x + b), writing the block's update in place. No [F
 array or [H, N] activation ever exists (at 1M parameters the old padded [blocks, F, c] layout
 page-faulted ~80 MB of fresh temporaries per update), everything per block stays in cache, and
 XLA's CPU GEMM runs on a friendly shape. The RMS of each feature is a whole-tensor reduction,
-taken block by block on big tensors (`features.blockwise_sum`).
+taken block by block on big tensors (`features.blockwise_sum`) unless the update runs batched.
 Smaller tensors use a plain row-major MLP, faster for them. Theta is unchanged by any of this,
 and `chunk_size` / `column_min_size` are not part of `config()`: they change speed, not the
 function theta defines.
@@ -91,19 +91,22 @@ def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_id
     return [g, p, *m, jnp.sqrt(v), g * rsqrt_v, m[mom_idx] * rsqrt_v]
 
 
-def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int) -> jax.Array:
+def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int,
+                        blocks: bool = True) -> jax.Array:
     """Σ x_f² over the tensor for each feature of `leaf_features` (g, p, m [K, n], v flat): [F].
 
-    Per block of `features.blockwise_sum` (a big tensor's eleven reductions then read each block
-    from cache: 6.3M parameters 21.7 -> 10.0 ms on the 2-core CPU), one reduction per feature and
-    the K momenta in one (reducing the [c] slices m[k] separately would copy each of them first)."""
+    With `blocks`, per block of `features.blockwise_sum` (a big tensor's eleven reductions then read
+    each block from cache: 6.3M parameters 21.7 -> 10.0 ms on the 2-core CPU); without, over the
+    whole tensor (faster for an update vmapped over many models, see `features.SUM_BLOCK`). One
+    reduction per feature and the K momenta in one (reducing the [c] slices m[k] separately would
+    copy each of them first)."""
     def block(start, size):
         g_, p_, m_, v_ = (jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim - 1) for x in (g, p, m, v))
         rsqrt_v = jax.lax.rsqrt(v_ + ft.EPS)
         one = lambda x: jnp.sum(jnp.square(x))[None]
         return jnp.concatenate([one(g_), one(p_), jnp.sum(jnp.square(m_), axis=1), one(jnp.sqrt(v_)),
                                 one(g_ * rsqrt_v), one(m_[mom_idx] * rsqrt_v)])
-    return ft.blockwise_sum(block, g.shape[-1])
+    return ft.blockwise_sum(block, g.shape[-1]) if blocks else block(0, g.shape[-1])
 
 
 class MLPLOpt(LearnedOptimizer):
@@ -177,6 +180,7 @@ class MLPLOpt(LearnedOptimizer):
         decays = jnp.asarray(self.decays, jnp.float32)
         mom_idx = self._mom_idx
         block_size = self.block_size
+        sum_blocks = not ft.updates_are_batched()  # per-tensor sums in blocks, unless vmapped (see features)
 
         def init_fn(params):
             return MLPLOptState(*init_accumulators(params, len(self.decays)), jnp.zeros((), jnp.int32))
@@ -210,7 +214,7 @@ class MLPLOpt(LearnedOptimizer):
             m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
             m, v = m.reshape(k, n), v.reshape(-1)
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
-            sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx)
+            sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx, sum_blocks)
             w1t = (theta["input"]["w"] * jax.lax.rsqrt(sum_sq / n + ft.EPS)[:, None]).T  # W1'ᵀ [H, F]
             if n < self.column_min_size:  # small tensors: row-major [n, F] @ [F, H] is cheaper
                 out = mlp_rows(w1t.T, first_bias, jnp.stack(leaf_features(g32, p32, m, v, mom_idx), axis=-1))

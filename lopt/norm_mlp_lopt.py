@@ -289,6 +289,7 @@ class NormMLPLOpt(LearnedOptimizer):
         self.check_theta(theta, "NormMLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mlp = theta["mlp"]
+        sum_blocks = not ft.updates_are_batched()  # per-tensor sums in blocks, unless vmapped (see features)
         # momentum 0: scale_by_muon is then the Newton–Schulz orthogonalization of its input matrix
         ortho = optax.contrib.scale_by_muon(
             beta=0.0, nesterov=False,
@@ -309,7 +310,7 @@ class NormMLPLOpt(LearnedOptimizer):
             (`nn.elementwise_mlp`) over blocks of at most `BLOCK` elements written in place
             (`features.blockwise_map`), so no temporary bigger than a block's features exists."""
             n = g32.shape[0]
-            rms_inv = jax.lax.rsqrt(feature_sum_squares(g32, p32, m, v, self._mom_idx) / n + ft.EPS)
+            rms_inv = jax.lax.rsqrt(feature_sum_squares(g32, p32, m, v, self._mom_idx, sum_blocks) / n + ft.EPS)
             layers = [(mlp["input"]["w"] * rms_inv[:, None], bias)]
             layers += [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
             layers.append((mlp["output"]["w"], mlp["output"]["b"]))

@@ -113,6 +113,7 @@ class RNNMLPLOpt(LearnedOptimizer):
         self.check_theta(theta, "RNNMLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         hl = self.lstm_hidden
+        sum_blocks = not ft.updates_are_batched()  # per-tensor sums in blocks, unless vmapped (see features)
 
         def init_fn(params):
             n = len(jax.tree_util.tree_leaves(params))
@@ -145,7 +146,7 @@ class RNNMLPLOpt(LearnedOptimizer):
                 feats.append(x)
                 n = jnp.size(p)
                 stats.append(feature_sum_squares(g32.reshape(-1), p32.reshape(-1), m.reshape(len(self.decays), n),
-                                                 v.reshape(-1), self._mom_idx) / n)
+                                                 v.reshape(-1), self._mom_idx, sum_blocks) / n)
             if not gs:
                 return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)
             stats = jnp.stack(stats)                                                   # [L, F]

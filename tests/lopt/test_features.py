@@ -40,26 +40,16 @@ def test_blockwise_sum_under_vmap():
                                 rtol=1e-5)
 
 
-def test_sum_block_size_follows_batched_updates():
-    """`default_sum_block_size`: 131072 parameters for the update of one model, 16384 per model
-    batched over many. `blockwise_sum` with its default block: 131072-parameter blocks for one
-    model from 16 blocks (2M parameters) on, and the whole axis batched (there MLPLOpt's step was
-    slower with its sums in blocks); a block given explicitly is used batched too."""
-    assert ft.default_sum_block_size() == ft.default_sum_block_size(batched=False) == ft.SUM_BLOCK_UNBATCHED == 131072
-    with ft.batched_updates():
-        assert ft.default_sum_block_size() == ft.SUM_BLOCK_BATCHED == 16384
-        assert ft.default_sum_block_size(batched=False) == 131072
-    assert ft.default_sum_block_size() == 131072
+def test_default_blocks_and_the_batched_context():
+    """`blockwise_sum`'s default: 131072-element blocks from 16 blocks (2M elements) on, the whole
+    axis below; `updates_are_batched` tells whether `batched_updates()` is entered."""
+    assert ft.SUM_BLOCK == 131072 and ft.SUM_MIN_BLOCKS == 16
     sizes = []
-    x = jnp.ones((1, 16 * 131072 - 1))
-    jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
-    with ft.batched_updates():
+    for n in (16 * 131072 - 1, 16 * 131072 + 5):
+        x = jnp.ones((1, n))
         jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
-    assert sizes == [16 * 131072 - 1, 16 * 131072 - 1]
-    sizes.clear()
-    x = jnp.ones((1, 16 * 131072 + 5))
-    jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
+    assert sizes == [16 * 131072 - 1, 131072, 5]
+    assert not ft.updates_are_batched()
     with ft.batched_updates():
-        jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
-        jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1], 16384), x)
-    assert sizes == [131072, 5, 16 * 131072 + 5, 16384, 5]
+        assert ft.updates_are_batched()
+    assert not ft.updates_are_batched()
