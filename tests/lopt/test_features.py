@@ -1,5 +1,5 @@
 """lopt.features' blockwise sums: the same sum as the whole axis's, split only when there are
-enough blocks, with the block sizes chosen by `batched_updates()`."""
+enough blocks; and `updates_are_batched`, which tells optimizers built inside `batched_updates()`."""
 import chex
 import jax
 import jax.numpy as jnp
