@@ -162,13 +162,12 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Opti
     min_blocks = MIN_ROW_BLOCKS if min_blocks is None else min_blocks
     if g.ndim > 2 or rows < max(min_blocks, 2) * block_rows:
         return _matrix_mean_squares(g, p, acc)
-    return _blockwise_mean_squares(g, p, acc, block_rows, min_blocks)
+    return _blockwise_mean_squares(g, p, acc, block_rows)
 
 
-def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block_rows: int,
-                            min_blocks: int) -> jax.Array:
-    """`feature_mean_squares` of a [rows, cols] matrix, summed over blocks of `block_rows` rows
-    (`features.blockwise_sum`).
+def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block_rows: int) -> jax.Array:
+    """`feature_mean_squares` of a [rows, cols] matrix of at least 2 blocks, summed over blocks of
+    `block_rows` rows (`features.blockwise_sum`).
 
     The factored features are x·rr_j·cr_j with x in (g, m_1..m_K): rank-1 factors u_j = rr_j² per
     row and w_j = cr_j² per column, so Σ_rc (x rr_j cr_j)² = Σ_r u_jr (x² w_jᵀ)_r: per block one
@@ -195,7 +194,7 @@ def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block_ro
         fac = jnp.einsum("qrj,jr->qj", xw, sl(u_all, 1))                                      # [1+K, K_f]
         return jnp.concatenate([jnp.stack(plain), fac.reshape(-1)])
 
-    sums = ft.blockwise_sum(block_sums, g.shape[0], block_rows, min_blocks) / g.size
+    sums = ft.blockwise_sum(block_sums, g.shape[0], block_rows, min_blocks=2) / g.size  # the caller chose blocks
     n_plain = 4 + 2 * n_mom
     fac = sums[n_plain:].reshape(1 + n_mom, -1)
     return jnp.concatenate([sums[:n_plain], fac[0], jnp.mean(u_all, axis=-1), jnp.mean(w, axis=-1), fac[1:].reshape(-1)])
