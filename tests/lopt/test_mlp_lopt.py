@@ -99,18 +99,21 @@ def test_batched_update_runs_in_the_batched_blocks():
     chex.assert_trees_all_close(outs[0], outs[1], rtol=1e-5, atol=1e-9)
 
 
-def test_vmapped_update_multiplies_untransposed_weights():
-    """Vmapped over models that each have their own theta (meta-training's perturbed particles), the
-    block MLP's three products (first layer [B, H, c], hidden [B, H, c], output [B, 2, c]) contract
-    the weights' last dimension, the layout XLA's CPU backend runs as a GEMM: with the hidden and
-    output weights transposed inside the product, it ran them as its generic batched dot (PES on
-    the benchmark's problem (d) was 16% slower). Checked in the compiled program, and the vmapped
-    update still equals each model's own update."""
+@pytest.mark.parametrize("shared_theta", [False, True])
+def test_vmapped_update_multiplies_untransposed_weights(shared_theta):
+    """Vmapped over models (meta-training's particles, each with its own perturbed theta; or the
+    evaluation trainer's tasks, sharing one theta), the block MLP's three products (first layer
+    [B, H, c], hidden [B, H, c], output [B, 2, c]) are batched products contracting the weights'
+    last dimension, the layout XLA's CPU backend runs as a GEMM. With the hidden and output
+    weights transposed inside the product it ran them as its generic batched dot (PES on the
+    benchmark's problem (d) 16% slower); with one shared theta it transposed the activations
+    around an unbatched product (problem (d)'s floor 20% slower). Checked in the compiled program,
+    and the vmapped update still equals each model's own update."""
     import re
     from lopt import features as ft
     lo = lopt.MLPLOpt(hidden_size=16, chunk_size=64)
     models = 3
-    thetas = jax.vmap(lo.init)(jax.random.split(jax.random.key(0), models))
+    thetas = lo.init(jax.random.key(0)) if shared_theta else jax.vmap(lo.init)(jax.random.split(jax.random.key(0), models))
     params = {"w": jax.random.normal(jax.random.key(1), (models, 16, 16))}  # 256 parameters: 4 blocks of 64
     grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.sin(p), params)
 
@@ -119,13 +122,27 @@ def test_vmapped_update_multiplies_untransposed_weights():
             tx = lo.opt_fn(theta, is_training=True)
         return tx.update(g, tx.init(p), p)[0]
 
-    fn = jax.jit(jax.vmap(update))
+    fn = jax.jit(jax.vmap(update, in_axes=(None if shared_theta else 0, 0, 0)))
     hlo = fn.lower(thetas, grads, params).compile().as_text()
-    dims = re.findall(r"= f32\[3,(?:16|2),64\]\{[0-9,]+\} dot\([^\n]*?lhs_contracting_dims=\{(\d)\}", hlo)
+    dims = re.findall(r"= f32\[3,(?:16|2),64\]\{[0-9,]+\} dot\([^\n]*?lhs_batch_dims=\{0\}, lhs_contracting_dims=\{(\d)\}", hlo)
     assert len(dims) >= 3 and set(dims) == {"2"}, dims
     got = fn(thetas, grads, params)
     for i in range(models):
-        theta_i = jax.tree_util.tree_map(lambda x: x[i], thetas)
+        theta_i = thetas if shared_theta else jax.tree_util.tree_map(lambda x: x[i], thetas)
         p_i, g_i = ({"w": t["w"][i]} for t in (params, grads))
         chex.assert_trees_all_close(jax.tree_util.tree_map(lambda x: x[i], got), update(theta_i, g_i, p_i),
                                     rtol=1e-5, atol=1e-9)
+
+
+def test_vary_like_keeps_the_value_and_takes_the_batch():
+    """`vary_like(x, ref)` is x for any ref (NaN and infinities included) and, under vmap, has
+    ref's batch dimension; its gradient with respect to x is the identity."""
+    from lopt.mlp_lopt import vary_like
+    x = jnp.arange(6.0).reshape(2, 3)
+    refs = jnp.asarray([0.5, jnp.nan, jnp.inf, -jnp.inf])
+    out = jax.vmap(vary_like, in_axes=(None, 0))(x, refs)
+    chex.assert_shape(out, (4, 2, 3))
+    chex.assert_trees_all_equal(out, jnp.broadcast_to(x, (4, 2, 3)))
+    chex.assert_trees_all_equal(vary_like(x, jnp.asarray(jnp.nan)), x)
+    chex.assert_trees_all_equal(jax.grad(lambda x: jnp.sum(vary_like(x, jnp.asarray(jnp.nan)) * 2.0))(x),
+                                jnp.full_like(x, 2.0))
