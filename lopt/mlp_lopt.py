@@ -28,9 +28,12 @@ array or [H, N] activation ever exists (at 1M parameters the old padded [blocks,
 page-faulted ~80 MB of fresh temporaries per update), everything per block stays in cache, and
 XLA's CPU GEMM runs on a friendly shape. The RMS of each feature is a whole-tensor reduction,
 taken block by block on big tensors (`features.blockwise_sum`) unless the update runs batched.
-Smaller tensors use a plain row-major MLP, faster for them. Theta is unchanged by any of this,
-and `chunk_size` / `column_min_size` are not part of `config()`: they change speed, not the
-function theta defines.
+Under vmap over models (meta-training's particles, the evaluation trainer's tasks) every block
+product stays one batched GEMM: the hidden and output weights are transposed once per update, and
+copied per model when the models share theta (`vary_like`); XLA's CPU backend otherwise ran a
+generic batched dot, or transposed the activations. Smaller tensors use a plain row-major MLP,
+faster for them. Theta is unchanged by any of this, and `chunk_size` / `column_min_size` are not
+part of `config()`: they change speed, not the function theta defines.
 """
 from __future__ import annotations
 
