@@ -204,9 +204,12 @@ def tensor_lstm_inputs(stats: jax.Array, params: Sequence[Any], ctx: jax.Array) 
 # and a 4096 block was fastest under PES on a 4-layer image MLP (1024: 16% slower on one machine,
 # 35% on another; 16384: 40-50% slower).
 BLOCK_ONE_DEVICE = 4096
-# One CPU device per core: each device runs its share of the particles on one core, so a block's
-# [particles, hidden, c] activations must fit that core's L2 (2 MiB here). 1024 blocks made PES
-# 27% faster than 4096 on a 64-32-10 MLP and on a 4-layer image MLP.
+# One CPU device per core, the batch sharded over them (`sharded_updates`): each device runs its
+# share of the particles on one core, so a block's [particles, hidden, c] activations must fit
+# that core's L2 (2 MiB here). 1024 blocks made PES 27% faster than 4096 on a 64-32-10 MLP and on
+# a 4-layer image MLP. A one-device program in such a process (an estimator that does not shard,
+# the evaluation trainer) still spreads its GEMMs over every core and keeps BLOCK_ONE_DEVICE:
+# with 1024 the 4-layer image MLP's 16 tasks x 50 steps took 995 ms, with 4096 774 ms.
 BLOCK_PER_CORE = 1024
 # A training loop's update (one model, not batched): fewer, longer blocks. On the fourth and fifth
 # sessions' machine (2-core AMD EPYC VM) the 1M- and 10M-parameter updates ran 1.2-1.4x faster at
@@ -217,6 +220,7 @@ BLOCK_UNBATCHED = 32768
 
 
 _BATCHED_UPDATES = contextvars.ContextVar("lopt_batched_updates", default=False)
+_SHARDED_DEVICES = contextvars.ContextVar("lopt_sharded_devices", default=1)
 
 
 @contextlib.contextmanager
@@ -239,14 +243,39 @@ def batched_updates() -> Iterator[None]:
         _BATCHED_UPDATES.reset(token)
 
 
+@contextlib.contextmanager
+def sharded_updates(num_devices: int) -> Iterator[None]:
+    """Marks learned optimizers built inside it as running one device's share of a batch of models
+    sharded over `num_devices` devices.
+
+    The sharded PES truncation (`outer_trainers.estimators.truncated_pes.sharded_truncation`, used
+    by TruncatedPES and TruncatedPESPMAP) traces its per-device unroll inside it, so that
+    `default_block_size` picks the per-core blocks there and only there. Like `batched_updates`, it
+    is read when `opt_fn` is called, at trace time, and changes speed only.
+
+    Args:
+      num_devices: the devices the batch is sharded over (1: not sharded).
+
+    Yields:
+      None.
+    """
+    token = _SHARDED_DEVICES.set(max(int(num_devices), 1))
+    try:
+        yield
+    finally:
+        _SHARDED_DEVICES.reset(token)
+
+
 def default_block_size(batched: Optional[bool] = None) -> int:
     """The block size (parameters) for the per-parameter MLPs' blockwise GEMMs on the local devices.
 
     Unbatched (a training loop's update of one model): `BLOCK_UNBATCHED` (32768). Batched (an
     update vmapped over many models: the meta-training estimators' particles, the evaluation
-    trainer's tasks): `BLOCK_PER_CORE` (1024) when jax runs several CPU devices (one per core, as
-    the scripts and `outer_trainers.use_all_cpu_cores` set up), else `BLOCK_ONE_DEVICE` (4096).
-    The choice changes speed only (and float32 summation order), never the function computed.
+    trainer's tasks): `BLOCK_PER_CORE` (1024) when the batch is sharded over several CPU devices
+    (inside `sharded_updates`, as the sharded PES runs on the one-device-per-core CPUs that the
+    scripts and `outer_trainers.use_all_cpu_cores` set up), else `BLOCK_ONE_DEVICE` (4096), also
+    for a one-device program in a process with several devices. The choice changes speed only
+    (and float32 summation order), never the function computed.
 
     Args:
       batched: whether the update runs batched over many models; None: whether this is called
@@ -257,8 +286,8 @@ def default_block_size(batched: Optional[bool] = None) -> int:
     """
     if not (updates_are_batched() if batched is None else batched):
         return BLOCK_UNBATCHED
-    devices = jax.local_devices()
-    return BLOCK_PER_CORE if devices[0].platform == "cpu" and len(devices) > 1 else BLOCK_ONE_DEVICE
+    sharded = _SHARDED_DEVICES.get() > 1 and jax.local_devices()[0].platform == "cpu"
+    return BLOCK_PER_CORE if sharded else BLOCK_ONE_DEVICE
 
 
 # Per-tensor sums (issue #16, sixth session). An optimizer's per-tensor statistics are several

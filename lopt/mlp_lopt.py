@@ -21,7 +21,8 @@ Tensors of at least `column_min_size` parameters are processed in blocks of `chu
 parameters (the last block overlaps the one before it, so every block is full; by default
 `features.default_block_size()`: 32768 in a training loop's update; when the update runs batched
 over many models, as meta-training's particles and the evaluation trainer's tasks do
-(`features.batched_updates()`), 4096 on one device and 1024 with one CPU device per core): each block's
+(`features.batched_updates()`), 4096, and 1024 where the batch is sharded over one CPU device per
+core, `features.sharded_updates()`): each block's
 [F, c] features are formed from slices of the accumulators and the MLP runs on them
 column-major, h = relu(W1'ᵀ x + b), writing the block's update in place. No [F, N] feature
 array or [H, N] activation ever exists (at 1M parameters the old padded [blocks, F, c] layout
@@ -151,8 +152,8 @@ class MLPLOpt(LearnedOptimizer):
       use_num_steps: also feed the progress features (min(t/N, 1), log1p(N)/10, 1), N the
         `num_steps` given to `opt_fn` (zeros when it is None).
       chunk_size: parameters per block of the column-major layout; None: `features.default_block_size()`
-        when `opt_fn` is called: for the devices present, and batched inside
-        `features.batched_updates()` (speed only, not in `config()`).
+        when `opt_fn` is called: batched inside `features.batched_updates()`, per core inside
+        `features.sharded_updates()` (speed only, not in `config()`).
       column_min_size: tensors smaller than this use the row-major MLP (speed only, not in `config()`).
     """
 

@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import lopt
 from lopt import features as ft
 
 
@@ -53,3 +54,18 @@ def test_default_blocks_and_the_batched_context():
     with ft.batched_updates():
         assert ft.updates_are_batched()
     assert not ft.updates_are_batched()
+
+
+def test_sharded_updates_choose_the_per_core_block_for_batched_updates_only():
+    """Inside `sharded_updates(D)` with D > 1 (a batch sharded over CPU devices), a batched update's
+    block is `BLOCK_PER_CORE`; with D = 1, or outside it, `BLOCK_ONE_DEVICE`; an unbatched update
+    keeps `BLOCK_UNBATCHED` either way; the contexts are left as they were."""
+    assert jax.local_devices()[0].platform == "cpu"
+    with ft.sharded_updates(4):
+        assert ft.default_block_size(batched=True) == ft.BLOCK_PER_CORE == 1024
+        assert ft.default_block_size(batched=False) == ft.BLOCK_UNBATCHED
+        with ft.sharded_updates(1):
+            assert ft.default_block_size(batched=True) == ft.BLOCK_ONE_DEVICE
+        with ft.batched_updates():
+            assert ft.default_block_size() == lopt.MLPLOpt().block_size == ft.BLOCK_PER_CORE
+    assert ft.default_block_size(batched=True) == ft.BLOCK_ONE_DEVICE == 4096
