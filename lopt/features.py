@@ -224,6 +224,16 @@ _SHARDED_DEVICES = contextvars.ContextVar("lopt_sharded_devices", default=1)
 
 
 @contextlib.contextmanager
+def _context_value(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
+    """`var` set to `value` inside the block, restored after it (the contexts below)."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+@contextlib.contextmanager
 def batched_updates() -> Iterator[None]:
     """Marks learned optimizers built inside it (`opt_fn`) as run batched over many models.
 
@@ -236,11 +246,8 @@ def batched_updates() -> Iterator[None]:
     Yields:
       None.
     """
-    token = _BATCHED_UPDATES.set(True)
-    try:
+    with _context_value(_BATCHED_UPDATES, True):
         yield
-    finally:
-        _BATCHED_UPDATES.reset(token)
 
 
 @contextlib.contextmanager
@@ -259,11 +266,8 @@ def sharded_updates(num_devices: int) -> Iterator[None]:
     Yields:
       None.
     """
-    token = _SHARDED_DEVICES.set(max(int(num_devices), 1))
-    try:
+    with _context_value(_SHARDED_DEVICES, max(int(num_devices), 1)):
         yield
-    finally:
-        _SHARDED_DEVICES.reset(token)
 
 
 def default_block_size(batched: Optional[bool] = None) -> int:

@@ -22,10 +22,9 @@ parameters (the last block overlaps the one before it, so every block is full; b
 `features.default_block_size()`: 32768 in a training loop's update; when the update runs batched
 over many models, as meta-training's particles and the evaluation trainer's tasks do
 (`features.batched_updates()`), 4096, and 1024 where the batch is sharded over one CPU device per
-core, `features.sharded_updates()`): each block's
-[F, c] features are formed from slices of the accumulators and the MLP runs on them
-column-major, h = relu(W1'ᵀ x + b), writing the block's update in place. No [F, N] feature
-array or [H, N] activation ever exists (at 1M parameters the old padded [blocks, F, c] layout
+core, `features.sharded_updates()`): each block's [F, c] features are formed from slices of the
+accumulators and the MLP runs on them column-major, h = relu(W1'ᵀ x + b), writing the block's
+update in place. No [F, N] feature array or [H, N] activation ever exists (at 1M parameters the old padded [blocks, F, c] layout
 page-faulted ~80 MB of fresh temporaries per update), everything per block stays in cache, and
 XLA's CPU GEMM runs on a friendly shape. The RMS of each feature is a whole-tensor reduction,
 taken block by block on big tensors (`features.blockwise_sum`) unless the update runs batched.
