@@ -1,5 +1,5 @@
 """Distribution "lopt": learned optimizers, their meta-training, and the tasks they train on."""
-from setuptools import setup
+from setuptools import find_packages, setup
 
 # Distributed meta-training (issue #13): Ray actors for workers and evaluators, Ray Tune for PBT.
 RAY_REQUIRES = ["ray[tune]>=2.40"]
@@ -13,16 +13,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=[
-        "lopt",
-        "outer_trainers",
-        "outer_trainers.distributed",
-        "outer_trainers.estimators",
-        "outer_trainers.examples",
-        "tasks",
-        "tasks.datasets",
-        "lopt.pretrained",
-    ],
+    packages=find_packages(include=["lopt", "lopt.*", "outer_trainers", "outer_trainers.*", "tasks", "tasks.*"]),
     # Meta-trained theta files (a few KB each) and their provenance ship inside the package.
     package_data={"lopt.pretrained": ["*.msgpack", "*.json"]},
     install_requires=[

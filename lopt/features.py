@@ -238,7 +238,7 @@ def batched_updates() -> Iterator[None]:
     """Marks learned optimizers built inside it (`opt_fn`) as run batched over many models.
 
     The meta-training step (`outer_trainers.LOptTruncatedStep`, vmapped over particles) and the
-    batched evaluation trainer (`outer_trainers.evaluation.make_task_trainer`) build their optimizers
+    batched evaluation trainer (`outer_trainers.evaluation.comparison.make_task_trainer`) build their optimizers
     inside it, so that `default_block_size` picks the blocks that suit a batch. It is read when
     `opt_fn` is called, at trace time, and changes speed only: enter it inside the function that
     is traced (a jitted function traced once keeps the blocks it was traced with).

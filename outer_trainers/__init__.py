@@ -1,29 +1,31 @@
-"""Meta-training: truncation schedules, unrolled systems, gradient estimators, learner, outer loop."""
-from outer_trainers.estimator_schedule import EstimatorSchedule
+"""Meta-training learned optimizers, and training and evaluating models with them.
+
+Subpackages, one concept each:
+
+- `steps`: unrolled systems (`TruncatedStep`, `LOptTruncatedStep`) and truncation schedules;
+- `estimators`: meta-gradient estimators (ES, PES, sharded PES, NRES, truncated backprop);
+- `learner`: `GradientLearner` and the local outer loop `outer_train`;
+- `distributed`: the same loop on a Ray cluster, and population-based training;
+- `training`: the model training loop (`train_loop`, `train_model`);
+- `runs`: run files: checkpoints, progress reports, summaries;
+- `evaluation`: task trainers, tuned baselines, and the evaluation protocol.
+
+Every public name is re-exported here: `from outer_trainers import TruncatedPES`.
+"""
 from outer_trainers.devices import use_all_cpu_cores
-from outer_trainers.estimators import (Estimate, FullES, FullGrad, GradientEstimator, NoiseReuseES, TruncatedES,
-                                       TruncatedGrad, TruncatedPES, TruncatedPESPMAP, default_compiler_options)
-from outer_trainers import protocol
+from outer_trainers.estimators import (Estimate, EstimatorSchedule, FullES, FullGrad, GradientEstimator, NoiseReuseES,
+                                       ShardedTruncatedPES, TruncatedES, TruncatedGrad, TruncatedPES,
+                                       TruncatedPESPMAP, default_compiler_options, estimator_on_family)
 from outer_trainers.evaluation import (best_runs, compare_optimizers, format_comparison, lr_grid, make_task_trainer,
-                                       run_settings)
-from outer_trainers.gradient_learner import GradientLearner, LearnerState
-from outer_trainers.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
-from outer_trainers.outer_train import (OuterTrainState, init_outer_state, outer_step, outer_train,
-                                        resample_estimators)
-from outer_trainers.reporting import MetaTrainingDiverged, Reporter, RunTotals
-from outer_trainers.run_checkpoints import ExistingRunError, RunCheckpoints, theta_from_checkpoint
-from outer_trainers.truncated_step import StepOut, TruncatedStep
-from outer_trainers.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
-                                                NeverEndingTruncationSchedule, TruncationSchedule,
-                                                TruncationState)
-from outer_trainers.checkpoints import CheckpointManager, CheckpointPolicy, UnreadableCheckpointsError
-from outer_trainers.meta_eval import MetaEvaluator
-from outer_trainers.multi_family import estimator_on_family
-from outer_trainers.outer_optimizers import chained
-from outer_trainers.train_eval import Evaluation, Evaluator
-from outer_trainers.train_loop import TrainResult, run_to_end, train_loop
-from outer_trainers.train_model import train_model
-from outer_trainers.train_state import TrainState
+                                       protocol, run_settings)
+from outer_trainers.learner import (GradientLearner, LearnerState, MetaEvaluator, OuterTrainState, chained,
+                                    init_outer_state, outer_step, outer_train, resample_estimators)
+from outer_trainers.runs import (CheckpointManager, CheckpointPolicy, ExistingRunError, MetaTrainingDiverged,
+                                 Reporter, RunCheckpoints, RunTotals, UnreadableCheckpointsError, theta_from_checkpoint)
+from outer_trainers.steps import (ConstantTruncationSchedule, LOptInnerState, LOptTruncatedStep,
+                                  LogUniformTruncationSchedule, NeverEndingTruncationSchedule, StepOut, TruncatedStep,
+                                  TruncationSchedule, TruncationState)
+from outer_trainers.training import Evaluation, Evaluator, TrainResult, TrainState, run_to_end, train_loop, train_model
 from outer_trainers.distributed import pbt_outer_train, pbt_reports, ray_outer_train
 
 __all__ = [
@@ -36,7 +38,7 @@ __all__ = [
     "Reporter", "RunTotals", "RunCheckpoints", "theta_from_checkpoint", "MetaTrainingDiverged",
     "ExistingRunError", "UnreadableCheckpointsError",
     "protocol", "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
-    "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP",
+    "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP", "ShardedTruncatedPES",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",
     "train_loop", "run_to_end", "Evaluation", "Evaluator", "chained", "use_all_cpu_cores",
     "estimator_on_family", "ray_outer_train", "pbt_outer_train", "pbt_reports",

@@ -46,7 +46,7 @@ import optax
 import lopt
 from lopt.file_io import update_markdown_section
 import outer_trainers as ot
-from outer_trainers import unroll as U
+from outer_trainers.steps import unroll as U
 from outer_trainers.estimators import antithetic as A
 import tasks
 

@@ -13,7 +13,7 @@ each task's step budget and is not tuned. A suite (`tasks.suites`, e.g. heldout-
 the tasks, their step budgets, seeds and eval split; `--task` (a gin-style constructor call of a
 public tasks class; a family draws one task per seed) takes `--num_steps` and `--num_seeds`.
 
-The protocol is outer_trainers.protocol's: every baseline (`--baselines`, default adam, adamw and
+The protocol is outer_trainers.evaluation.protocol's: every baseline (`--baselines`, default adam, adamw and
 sgdm = SGD with momentum 0.9) is trained per task at each rate of a 7-point log-spaced grid
 (1e-4..1e-1; SGD 1e-3..1) for every seed, all rates and seeds in one jitted program, and the grid
 is extended while the best rate (lowest median final train loss over seeds; a diverged seed
@@ -60,8 +60,8 @@ import numpy as np
 import lopt
 from lopt.file_io import atomic_write_bytes
 import outer_trainers as ot
-from outer_trainers import protocol
-from outer_trainers.evaluation import best_runs, check_learning_rates, final_loss
+from outer_trainers.evaluation import protocol
+from outer_trainers.evaluation.comparison import best_runs, check_learning_rates, final_loss
 from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
 from tasks import suites
 from tasks.base import Task, TaskFamily, check_count, single_task_family
@@ -496,7 +496,7 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
             "protocol": {"grid": {b: list(grids[b]) for b in baselines}, "extend_by": 2,
                          "max_extensions": max_extensions, "tuning": "lowest median over seeds of the final "
                          "train loss; a diverged seed loses", "final_train": "mean train loss of the last 10% "
-                         "of steps", "statistic": "median over seeds", "speedup": "see outer_trainers.protocol"},
+                         "of steps", "statistic": "median over seeds", "speedup": "see outer_trainers.evaluation.protocol"},
             "seconds": total, "cpu_seconds": cpu}
     doc = results_json(results, info, comparisons, summary, meta)
     os.makedirs(output_dir, exist_ok=True)

@@ -40,9 +40,10 @@ from lopt.file_io import atomic_write_bytes
 # importing gin_registry registers the public API with gin
 from outer_trainers.gin_registry import gin_bindings, load_config
 from outer_trainers.distributed.cluster import connect_ray
-from outer_trainers.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED
-from outer_trainers.run_checkpoints import RUN_RESULTS, RunCheckpoints, run_metadata
-from outer_trainers.truncation_schedule import TruncationSchedule
+from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED
+from outer_trainers.learner.run_records import run_metadata
+from outer_trainers.runs.run_checkpoints import RUN_RESULTS, RunCheckpoints
+from outer_trainers.steps.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
 
 # Bindings that may change between a run and its resumption (length, logging, evaluation, saving):

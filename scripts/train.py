@@ -6,7 +6,7 @@ r"""Train one model with a meta-trained learned optimizer or an optax baseline, 
     python scripts/train.py --gin_file scripts/configs/train_digits_mlplopt.gin --output_dir /tmp/lopt \
         --gin_param 'learned_optimizer.theta_path = "/tmp/run/theta_final.msgpack"'
 
-The loop is `outer_trainers.train_loop` (the one behind `train_model`): evaluation every
+The loop is `outer_trainers.training.train_loop` (the one behind `train_model`): evaluation every
 `fit.eval_every` steps on `fit.eval_splits`, EMA, rolling/permanent/best checkpoints written in the
 background, progress bar or log lines. Writes to --output_dir: metrics.jsonl, tb/ (TensorBoard),
 checkpoints/, config.gin (the operative config) and result.json (the mean train loss over the last
@@ -30,10 +30,10 @@ import optax
 
 import lopt
 from lopt.file_io import atomic_write_bytes
-from outer_trainers.checkpoints import CheckpointPolicy
+from outer_trainers.runs.checkpoints import CheckpointPolicy
 # importing gin_registry registers the public API with gin
 from outer_trainers.gin_registry import gin_bindings, load_config
-from outer_trainers.train_loop import TrainResult, run_to_end, train_loop
+from outer_trainers.training.train_loop import TrainResult, run_to_end, train_loop
 from tasks.base import Task
 
 # Bindings that may change between a run and its resumption (logging, checkpointing): every other

@@ -67,7 +67,7 @@ class SuiteTask:
       num_steps: the training budget (the horizon an optimizer is told).
       seeds: one run (initialisation and batch order) per seed.
       eval_split: the data split of the held-out loss after training.
-      metrics: what an evaluation reports (see outer_trainers.protocol).
+      metrics: what an evaluation reports (see outer_trainers.evaluation.protocol).
       options: build arguments that are not part of the static config, as (key, value) pairs (a
         regression's condition number, label noise and design seed).
     """

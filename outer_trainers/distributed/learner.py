@@ -49,16 +49,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from lopt.serialization import save_theta
-from outer_trainers.checkpoints import CheckpointPolicy
+from outer_trainers.runs.checkpoints import CheckpointPolicy
 from outer_trainers.distributed.cluster import connect_ray, import_ray, worker_runtime_env
 from outer_trainers.distributed.eval_worker import EvalClient
 from outer_trainers.distributed.learner_state import init_learner_state, particle_keys
 from outer_trainers.distributed.worker import key_data
 from outer_trainers.distributed.worker_pool import WorkerPool, assign_estimators
-from outer_trainers.estimators.validation import check_int, check_optional_int, check_weights
-from outer_trainers.outer_train import OuterTrainState
-from outer_trainers.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED, Reporter, estimator_labels
-from outer_trainers.run_checkpoints import THETA_FINAL, RunCheckpoints, run_metadata
+from outer_trainers.validation import check_int, check_optional_int, check_weights
+from outer_trainers.learner.outer_train import OuterTrainState
+from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED, Reporter
+from outer_trainers.learner.run_records import estimator_labels, run_metadata
+from outer_trainers.runs.run_checkpoints import THETA_FINAL, RunCheckpoints
 
 logger = logging.getLogger("outer_trainers")
 DEFAULT_STALL_TIMEOUT_S = 900.0

@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from outer_trainers.gradient_learner import GradientLearner
-from outer_trainers.outer_train import OuterTrainState
+from outer_trainers.learner.gradient_learner import GradientLearner
+from outer_trainers.learner.outer_train import OuterTrainState
 
 
 def init_learner_state(learner: GradientLearner, num_estimators: int, key: jax.Array) -> OuterTrainState:

@@ -7,7 +7,9 @@ the truncated estimators, `unroll_length` for the whole-episode FullES and FullG
 for the ES estimators; every other option is keyword-only.
 
 Shared pieces: `antithetic` (± pairs of the ES estimators), `full_episode` (the whole-episode
-meta-loss of FullES and FullGrad), `gradient_estimator` (the base classes).
+meta-loss of FullES and FullGrad), `gradient_estimator` (the base classes), `validation`
+(argument checks), `estimator_schedule` (which estimator at which outer step), `multi_family`
+(one estimator per task family).
 """
 from outer_trainers.estimators.full_es import FullES
 from outer_trainers.estimators.full_grad import FullGrad
@@ -17,8 +19,11 @@ from outer_trainers.estimators.noise_reuse_es import NoiseReuseES
 from outer_trainers.estimators.truncated_es import TruncatedES
 from outer_trainers.estimators.truncated_grad import TruncatedGrad
 from outer_trainers.estimators.truncated_pes import TruncatedPES
-from outer_trainers.estimators.truncated_pes_pmap import TruncatedPESPMAP
+from outer_trainers.estimators.sharded_truncated_pes import ShardedTruncatedPES, TruncatedPESPMAP
+from outer_trainers.estimators.estimator_schedule import EstimatorSchedule
+from outer_trainers.estimators.multi_family import estimator_on_family
 
 __all__ = ["Estimate", "GradientEstimator", "TruncatedEstimator", "AntitheticTruncatedEstimator",
            "default_compiler_options", "FullES", "FullGrad", "NoiseReuseES", "TruncatedES", "TruncatedGrad",
-           "TruncatedPES", "TruncatedPESPMAP"]
+           "TruncatedPES", "ShardedTruncatedPES", "TruncatedPESPMAP", "EstimatorSchedule",
+           "estimator_on_family"]

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from outer_trainers.estimators.validation import check_int
-from outer_trainers.truncated_step import StepOut, TruncatedStep
+from outer_trainers.validation import check_int
+from outer_trainers.steps.truncated_step import StepOut, TruncatedStep
 
 LOSS_TYPES = ("avg", "last")
 

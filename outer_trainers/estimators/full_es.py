@@ -27,13 +27,13 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from outer_trainers import unroll as U
+from outer_trainers.steps import unroll as U
 from outer_trainers.estimators import antithetic as A
 from outer_trainers.estimators.full_episode import LOSS_TYPES, EpisodeLoss, episode_unroll_length
 from outer_trainers.estimators.gradient_estimator import GradientEstimator, counted_estimate
-from outer_trainers.estimators.validation import check_int, check_positive_float
+from outer_trainers.validation import check_int, check_positive_float
 from outer_trainers.tree_utils import masked_mean, tree_weighted_sum
-from outer_trainers.truncated_step import TruncatedStep
+from outer_trainers.steps.truncated_step import TruncatedStep
 
 
 @struct.dataclass

@@ -28,9 +28,9 @@ from flax import struct
 from outer_trainers.estimators.full_episode import LOSS_TYPES, EpisodeLoss, episode_unroll_length
 from outer_trainers.estimators.gradient_estimator import GradientEstimator, counted_estimate
 from outer_trainers.estimators.truncated_grad import mean_finite_grads, particle_step_fn
-from outer_trainers.estimators.validation import check_int, check_optional_int
+from outer_trainers.validation import check_int, check_optional_int
 from outer_trainers.tree_utils import masked_mean
-from outer_trainers.truncated_step import TruncatedStep
+from outer_trainers.steps.truncated_step import TruncatedStep
 
 
 @struct.dataclass

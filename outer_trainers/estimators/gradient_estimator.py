@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from outer_trainers import unroll as U
-from outer_trainers.estimators.validation import check_int, check_positive_float
-from outer_trainers.truncated_step import TruncatedStep
+from outer_trainers.steps import unroll as U
+from outer_trainers.validation import check_int, check_positive_float
+from outer_trainers.steps.truncated_step import TruncatedStep
 
 
 @struct.dataclass

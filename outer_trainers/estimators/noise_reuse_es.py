@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from outer_trainers import unroll as U
+from outer_trainers.steps import unroll as U
 from outer_trainers.estimators import antithetic as A
 from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, counted_estimate
 from outer_trainers.tree_utils import tree_weighted_sum, tree_where

@@ -21,7 +21,7 @@ from flax import struct
 
 from outer_trainers.estimators.gradient_estimator import TruncatedEstimator, counted_estimate
 from outer_trainers.tree_utils import masked_mean, tree_all_finite, tree_weighted_sum
-from outer_trainers.truncated_step import TruncatedStep
+from outer_trainers.steps.truncated_step import TruncatedStep
 
 
 @struct.dataclass

@@ -27,11 +27,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from lopt import features as lopt_features
 from outer_trainers import devices as D
-from outer_trainers import unroll as U
+from outer_trainers.steps import unroll as U
 from outer_trainers.estimators import antithetic as A
 from outer_trainers.estimators.gradient_estimator import AntitheticTruncatedEstimator, Estimate, counted_estimate
 from outer_trainers.tree_utils import tree_weighted_sum
-from outer_trainers.truncated_step import StepOut
+from outer_trainers.steps.truncated_step import StepOut
 
 
 @struct.dataclass

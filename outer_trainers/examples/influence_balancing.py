@@ -21,7 +21,7 @@ import numpy as np
 from flax import struct
 
 from outer_trainers.estimators.gradient_estimator import GradientEstimator
-from outer_trainers.truncated_step import StepOut, TruncatedStep
+from outer_trainers.steps.truncated_step import StepOut, TruncatedStep
 
 DIM = 23
 THETA_STAR = -1.0 / 6.0

@@ -12,7 +12,7 @@ import pytest
 
 import lopt
 import tasks
-from outer_trainers.summaries import read_event_scalars
+from outer_trainers.runs.summaries import read_event_scalars
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "train.py")

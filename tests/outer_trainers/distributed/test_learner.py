@@ -15,8 +15,8 @@ from outer_trainers.distributed.learner import _Loop
 from outer_trainers.distributed.learner_state import init_learner_state
 from outer_trainers.distributed.worker import EstimatorWorker
 from outer_trainers.distributed.worker_pool import Event
-from outer_trainers.reporting import Reporter
-from outer_trainers.run_checkpoints import RunCheckpoints
+from outer_trainers.runs.reporting import Reporter
+from outer_trainers.runs.run_checkpoints import RunCheckpoints
 from tests.outer_trainers.distributed.runs import fails_on_workers, quadratic_run
 
 TIMEOUT = 300  # generous: other engineers' tests share the 2 cores
@@ -167,7 +167,7 @@ def test_resume_after_a_killed_learner(ray_local, tmp_path):
     assert adam_count and int(adam_count[0]) == 5  # the outer optimizer's state was restored, not re-initialised
     lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
     assert [l["step"] for l in lines] == [1, 2, 3, 4, 5]
-    from outer_trainers.checkpoints import CheckpointManager
+    from outer_trainers.runs.checkpoints import CheckpointManager
     assert max(s for s, _ in CheckpointManager(str(tmp_path / "checkpoints")).list("rolling")) == 5
     # a changed run is refused, and nothing on disk changes
     with pytest.raises(ValueError):

@@ -16,7 +16,7 @@ import numpy as np
 
 import lopt
 import outer_trainers as ot
-from outer_trainers import checkpoints
+from outer_trainers.runs import checkpoints
 from tasks.base import Task, TaskFamily, single_task_family
 from tasks.quadratics import QuadraticTask
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import outer_trainers as ot
-from outer_trainers.estimators.validation import check_int, check_positive_float, check_weights
+from outer_trainers.validation import check_int, check_positive_float, check_weights
 from tests.outer_trainers.estimators import estimator_checks as C
 
 

@@ -1,0 +1,14 @@
+"""The learner and the outer loop: theta, its optimizer, and the loop that updates it.
+
+`gradient_learner` (`GradientLearner`: average estimates, drop non-finite ones, outer update),
+`outer_optimizers` (optax chains for theta), `outer_train` (the local meta-training loop),
+`meta_eval` (periodic meta-evaluation of theta on held-out tasks).
+"""
+from outer_trainers.learner.gradient_learner import GradientLearner, LearnerState
+from outer_trainers.learner.meta_eval import MetaEvaluator
+from outer_trainers.learner.outer_optimizers import chained
+from outer_trainers.learner.outer_train import (OuterTrainState, init_outer_state, outer_step, outer_train,
+                                                resample_estimators)
+
+__all__ = ["GradientLearner", "LearnerState", "MetaEvaluator", "chained", "OuterTrainState", "init_outer_state",
+           "outer_step", "outer_train", "resample_estimators"]

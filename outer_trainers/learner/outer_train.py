@@ -1,0 +1,242 @@
+"""outer_train: the meta-training loop.
+
+    restore or init ─► for each outer step: (re)sample estimators if scheduled ─► outer_step ─► report ─► checkpoint
+
+Each outer step asks every estimator for an estimate at the current theta and lets the learner
+combine them and update theta (dropping non-finite estimates and those without a valid inner
+step); the Reporter (outer_trainers.runs.reporting) logs it and RunCheckpoints
+(outer_trainers.runs.run_checkpoints) saves what the policy asks for. After `max_consecutive_dropped`
+steps in a row that applied nothing, the run stops with `reporting.MetaTrainingDiverged`.
+With `output_dir`:
+
+    metrics.jsonl        one JSON object per logged step (the same scalars as TensorBoard)
+    tb/                  TensorBoard event files (tensorboardX)
+    checkpoints/         full OuterTrainState checkpoints (see outer_trainers.runs.checkpoints)
+    theta_final.msgpack  the final theta (load it with `lopt.load_theta`)
+
+Re-running with the same `output_dir` resumes from the newest readable checkpoint and trains
+until `num_steps` outer steps in total; the result is bit-identical to an uninterrupted run.
+Passing `state=` instead continues that state for `num_steps` more steps.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from typing import Any, Callable, Optional, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from lopt.serialization import save_theta
+from outer_trainers.runs.checkpoints import CheckpointPolicy
+from outer_trainers.estimators.estimator_schedule import EstimatorSchedule
+from outer_trainers.estimators.gradient_estimator import GradientEstimator
+from outer_trainers.validation import check_int, check_optional_int, check_weights
+from outer_trainers.learner.gradient_learner import GradientLearner, LearnerState
+from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED, Reporter, RunTotals
+from outer_trainers.learner.run_records import estimator_labels, run_metadata
+from outer_trainers.runs.run_checkpoints import THETA_FINAL, RunCheckpoints
+
+
+@struct.dataclass
+class OuterTrainState:
+    """Everything an outer-training run carries from one outer step to the next (what a checkpoint holds).
+
+    Attributes:
+        learner_state: the GradientLearner's LearnerState (theta, outer optimizer state, updates applied).
+        estimator_states: one state per estimator (their particles), in the estimators' order.
+        key: the PRNG key the next outer step splits.
+        iteration: int32 []: outer steps taken, including steps whose update was dropped as non-finite.
+    """
+    learner_state: LearnerState
+    estimator_states: tuple
+    key: jax.Array
+    iteration: jax.Array
+
+    @property
+    def theta(self) -> Any:
+        """The current theta (`learner_state.theta`)."""
+        return self.learner_state.theta
+
+    @property
+    def step(self) -> int:
+        """Outer steps taken (including steps whose update was dropped as non-finite), as a Python int."""
+        return int(self.iteration)
+
+
+def init_outer_state(learner: GradientLearner, estimators: Sequence[GradientEstimator],
+                     key: jax.Array) -> OuterTrainState:
+    """The state of a run before its first outer step.
+
+    Args:
+        learner: the GradientLearner (draws theta and the outer optimizer state).
+        estimators: the estimators of step 0 (each initialises its particles at the initial theta).
+        key: the run's PRNG key.
+
+    Returns:
+        An OuterTrainState at iteration 0.
+    """
+    k_learner, k_est, key = jax.random.split(key, 3)
+    learner_state = learner.init(k_learner)
+    est_keys = jax.random.split(k_est, len(estimators))
+    est_states = tuple(e.init_state(learner_state.theta, k, outer_state=0) for e, k in zip(estimators, est_keys))
+    return OuterTrainState(learner_state, est_states, key, jnp.zeros((), jnp.int32))
+
+
+def outer_step(learner: GradientLearner, estimators: Sequence[GradientEstimator], state: OuterTrainState,
+               outer_iteration: int, weights: Optional[Sequence[float]] = None) -> tuple[OuterTrainState, dict]:
+    """One outer iteration: an estimate from each estimator at the current theta, then one learner update.
+
+    Args:
+        learner: the GradientLearner.
+        estimators: the estimators whose states `state.estimator_states` holds.
+        state: the run's state before the step.
+        outer_iteration: the step's index (outer steps taken before it), passed to the estimators as `outer_state`.
+        weights: one weight per estimator for the learner's average (default: equal).
+
+    Returns:
+        (state after the step, the learner's metrics; see `GradientLearner.update`).
+    """
+    key, *keys = jax.random.split(state.key, len(estimators) + 1)
+    theta = state.learner_state.theta
+    new_est_states, estimates = [], []
+    for est, est_state, k in zip(estimators, state.estimator_states, keys):
+        est_state, estimate = est.estimate(theta, est_state, k, outer_state=outer_iteration)
+        new_est_states.append(est_state)
+        estimates.append(estimate)
+    learner_state, metrics = learner.update(state.learner_state, estimates, weights)
+    next_iteration = jnp.asarray(outer_iteration + 1, jnp.int32)
+    return OuterTrainState(learner_state, tuple(new_est_states), key, next_iteration), metrics
+
+
+def resample_estimators(schedule: EstimatorSchedule, state: OuterTrainState,
+                        outer_iteration: int) -> tuple[list, OuterTrainState]:
+    """The schedule's estimators for `outer_iteration`, with fresh states at the current theta.
+
+    Args:
+        schedule: the run's EstimatorSchedule.
+        state: the run's state before step `outer_iteration`.
+        outer_iteration: the step that starts a new period.
+
+    Returns:
+        (estimators, state with their states): the keys are derived from `state.key` and
+        `outer_iteration`; `state.key` itself is left as it is.
+    """
+    estimators = schedule(outer_iteration)
+    keys = jax.random.split(jax.random.fold_in(state.key, outer_iteration), len(estimators))
+    est_states = tuple(e.init_state(state.theta, k, outer_state=outer_iteration) for e, k in zip(estimators, keys))
+    return estimators, state.replace(estimator_states=est_states)
+
+
+def _check_arguments(num_steps: int, log_every: int, policy: Optional[CheckpointPolicy],
+                     meta_evaluator: Optional[Callable], eval_every: int, weights: Optional[Sequence[float]],
+                     num_estimators: Optional[int], max_consecutive_dropped: Optional[int]) -> None:
+    """Refuses bad arguments before anything is restored, written or run."""
+    check_int("num_steps", num_steps, minimum=0)
+    check_int("log_every", log_every, minimum=1)
+    check_int("eval_every", eval_every, minimum=0)
+    check_optional_int("max_consecutive_dropped", max_consecutive_dropped, minimum=1)
+    check_weights(weights, num_estimators)  # an EstimatorSchedule's count (None) is checked at each update
+    if policy is not None and policy.best_metric and not (meta_evaluator and eval_every):
+        warnings.warn(f"best_metric={policy.best_metric!r} needs meta_evaluator and eval_every > 0; "
+                      f"no best checkpoints will be written")
+
+
+def _restore_or_init(run: RunCheckpoints, learner: GradientLearner,
+                     estimators_of_state: Callable[[int], Sequence[GradientEstimator]], seed: int,
+                     resume: bool, overwrite: bool) -> tuple[OuterTrainState, RunTotals]:
+    """The newest checkpoint's state (built for the estimators that wrote it), or a new run's state."""
+    key = jax.random.key(seed)
+    init_at = lambda steps: functools.partial(init_outer_state, learner, estimators_of_state(steps))
+    return run.restore_or_init(init_at(0), key, resume=resume, overwrite=overwrite,
+                               structure_at=lambda steps: jax.eval_shape(init_at(steps), key))
+
+
+def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEstimator], EstimatorSchedule],
+                num_steps: int, *,
+                output_dir: Optional[str] = None, seed: int = 0, weights: Optional[Sequence[float]] = None,
+                state: Optional[OuterTrainState] = None, progress: Union[bool, str] = True, log_every: int = 1,
+                callback: Optional[Callable[[int, OuterTrainState, dict], None]] = None,
+                checkpoint_policy: Optional[CheckpointPolicy] = None, resume: bool = True, overwrite: bool = False,
+                meta_evaluator: Optional[Callable[[Any], dict]] = None, eval_every: int = 0,
+                tensorboard: bool = True, config: Optional[dict] = None,
+                max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED) -> OuterTrainState:
+    """Meta-trains theta and returns the final OuterTrainState (`.theta`).
+
+    Args:
+        learner: the GradientLearner (learned optimizer and outer optimizer).
+        estimators: the GradientEstimators every outer step asks for an estimate, or an EstimatorSchedule
+            (new estimators, with fresh states at the current theta, every `every` steps).
+        num_steps: without `state`: outer steps in total (a resumed run trains up to it); with `state`: more steps.
+        output_dir: where metrics.jsonl, tb/, checkpoints/ and theta_final.msgpack go (None: nowhere).
+        seed: the run's seed (for a new run).
+        weights: one weight per estimator for the learner's average (default: equal).
+        state: an OuterTrainState to continue instead of restoring or initialising.
+        progress: True or "bar" (tqdm), "log" (plain lines, for log files), False or "none".
+        log_every: log metrics every this many steps (and at the last step).
+        callback: `callback(step, state, metrics)` after each logged step, after that step's checkpoints
+            are written (metrics as Python numbers).
+        checkpoint_policy: when to checkpoint (default `CheckpointPolicy()`); needs `output_dir`.
+        resume: with `output_dir`, continue from its newest readable checkpoint (which must match this run);
+            when every checkpoint there is unreadable the run refuses to start, naming the files.
+        overwrite: with `output_dir`, start a new run even where it holds a previous run's results, deleting
+            them (metrics.jsonl, tb/, checkpoints/, theta_final.msgpack) first; otherwise a new run there is
+            refused.
+        meta_evaluator: `meta_evaluator(theta) -> {name: float}` (e.g. a MetaEvaluator); its metrics join
+            the step's log and feed "best" checkpoints (`checkpoint_policy.best_metric`).
+        eval_every: run `meta_evaluator` every this many steps (0: never).
+        tensorboard: also write TensorBoard event files.
+        config: JSON-able run configuration stored in checkpoints; it must match on resume.
+        max_consecutive_dropped: stop with MetaTrainingDiverged after this many outer steps in a row in which
+            every estimate was dropped (non-finite, or without a valid inner step) and so nothing was applied;
+            the count survives a resume. None: never stop.
+
+    Returns:
+        The OuterTrainState after the last step.
+
+    Raises:
+        MetaTrainingDiverged: `max_consecutive_dropped` steps in a row applied nothing (raised after that
+            step is logged; checkpoints written before it stay, theta_final.msgpack is not written).
+        ValueError, TypeError: a bad argument (before anything is restored, written or run).
+    """
+    fixed = None if isinstance(estimators, EstimatorSchedule) else list(estimators)
+    _check_arguments(num_steps, log_every, checkpoint_policy, meta_evaluator, eval_every, weights,
+                     None if fixed is None else len(fixed), max_consecutive_dropped)
+    if fixed is None:
+        schedule, estimators_of_state = estimators, estimators.estimators_of_state
+        meta = run_metadata(learner, [repr(schedule)], config)
+    else:
+        schedule = None
+        if not fixed:
+            raise ValueError("outer_train needs at least one GradientEstimator")
+        estimators_of_state = lambda steps: fixed
+        meta = run_metadata(learner, fixed, config)
+    run = RunCheckpoints(output_dir, checkpoint_policy, meta)
+
+    if state is None:
+        target = num_steps
+        state, totals = _restore_or_init(run, learner, estimators_of_state, seed, resume, overwrite)
+        if state.step > target:
+            warnings.warn(f"the checkpoint in {output_dir} is at step {state.step}, past num_steps={target}")
+    else:
+        target, totals = state.step + num_steps, RunTotals()
+    start = state.step
+    estimators = estimators_of_state(start)
+    with Reporter(output_dir, start=start, target=target, progress=progress, log_every=log_every,
+                  tensorboard=tensorboard, meta_evaluator=meta_evaluator, eval_every=eval_every,
+                  totals=totals, max_consecutive_dropped=max_consecutive_dropped) as reporter:
+        for i in range(start, target):
+            if schedule is not None and schedule.resamples_at(i):
+                estimators, state = resample_estimators(schedule, state, i)
+            state, metrics = outer_step(learner, estimators, state, i, weights)
+            logged = reporter.report(i + 1, metrics, labels=estimator_labels(estimators),
+                                     inner_steps=sum(e.inner_steps_per_estimate for e in estimators),
+                                     theta=state.theta)
+            run.save(i + 1, state, reporter.totals(), logged, final=i + 1 == target)
+            if logged is not None and callback is not None:
+                callback(i + 1, state, logged)
+    if output_dir is not None:
+        save_theta(os.path.join(output_dir, THETA_FINAL), learner.learned_opt, state.theta)
+    return state

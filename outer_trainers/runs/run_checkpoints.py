@@ -1,0 +1,253 @@
+"""The checkpoints of an outer-training run: restore-or-init, and the saves after each step.
+
+    run = RunCheckpoints(output_dir, policy, run_metadata(learner, estimators, config))
+    state, totals = run.restore_or_init(init, key)      # the newest matching checkpoint, or init(key)
+    ...
+    run.save(step, state, totals, logged_metrics, final=step == num_steps)
+
+Checkpoints are written under `output_dir/checkpoints` (files and policy: see
+outer_trainers.runs.checkpoints). Each carries the run's metadata — what a checkpoint must match to
+be resumed: the learned optimizer's architecture and config, the estimators and the caller's
+config — and the run's RunTotals. With `output_dir=None` there are none: `restore_or_init`
+initialises and `save` does nothing. Nothing here runs a loop, so a learner fed by remote
+workers checkpoints and resumes the same way as `outer_train`.
+
+Nothing is lost without being asked for: `restore_or_init` resumes from the newest readable
+checkpoint (setting unreadable newer ones aside); it refuses (`UnreadableCheckpointsError`) when
+there are checkpoints but none is readable, and refuses (`ExistingRunError`) a new run in a
+directory that holds a run's results (`RUN_RESULTS`: metrics, TensorBoard files, checkpoints,
+final theta), unless `overwrite=True`, which deletes those results (and only those) first. A
+refused start changes nothing on disk; `check_start` tells what a start would do without doing it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from typing import Any, Callable, Optional, Sequence, Union
+
+import jax
+
+import numpy as np
+
+import lopt
+from outer_trainers.runs.checkpoints import (CheckpointManager, CheckpointPolicy, UnreadableCheckpointsError, check_meta,
+                                        read)
+from outer_trainers.runs.reporting import RunTotals
+from outer_trainers.runs.summaries import METRICS_FILE, TB_DIR
+
+logger = logging.getLogger("outer_trainers")
+CHECKPOINT_DIR = "checkpoints"
+THETA_FINAL = "theta_final.msgpack"
+RUN_RESULTS = (METRICS_FILE, TB_DIR, CHECKPOINT_DIR, THETA_FINAL)
+OVERWRITE_ADVICE = ("pass overwrite=True (outer_train, train.overwrite, or --overwrite on scripts/outer_train.py) "
+                    "to delete them and start a new run")
+
+
+class ExistingRunError(ValueError):
+    """A new run was asked for in a directory that holds another run's results, without `overwrite=True`."""
+
+
+def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
+    """The learned optimizer and theta stored in one of `outer_train`'s checkpoint files.
+
+    For evaluating a run's intermediate checkpoints (`scripts/evaluate.py --optimizer
+    RUN/checkpoints/ckpt_00001000.msgpack`) or saving one with `lopt.save_theta`. The checksum is
+    verified first (`checkpoints.read`).
+
+    Args:
+        path: a checkpoint file written by `outer_train` or `ray_outer_train` (format v1 or v2).
+
+    Returns:
+        (the LearnedOptimizer of the run's "architecture" and "lopt_config", theta as numpy arrays
+        in its `theta_spec` structure).
+
+    Raises:
+        ValueError: the file is unreadable or fails its checksum (`checkpoints.CorruptCheckpointError`,
+            a ValueError), records no learned optimizer, or holds a theta that does not match the
+            recorded architecture's structure and shapes.
+    """
+    payload = read(path)
+    meta = payload.get("meta") or {}
+    if "architecture" not in meta or "lopt_config" not in meta:
+        raise ValueError(f"{path}: the checkpoint records no learned optimizer (no architecture/lopt_config in its "
+                         f"metadata); was it written by outer_train?")
+    learned_opt = lopt.architecture(meta["architecture"])(**meta["lopt_config"])
+    spec = learned_opt.theta_spec()
+    index = {entry[0]: i for i, entry in enumerate(payload["structure"])}
+    leaves = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(spec):
+        want = jax.tree_util.keystr(path)
+        name = ".learner_state.theta" + want
+        if name not in index:
+            raise ValueError(f"{path}: no theta leaf {want} of {meta['architecture']} in the checkpoint")
+        value = np.asarray(payload["leaves"][f"{index[name]:06d}"])
+        if value.shape != tuple(leaf.shape):
+            raise ValueError(f"{path}: theta leaf {want} has shape {value.shape}, {meta['architecture']} expects "
+                             f"{tuple(leaf.shape)}")
+        leaves.append(value)
+    return learned_opt, jax.tree_util.tree_structure(spec).unflatten(leaves)
+
+
+class RunCheckpoints:
+    """Restores and saves the checkpoints of one run in `output_dir/checkpoints`.
+
+    Args:
+        output_dir: the run's directory; None keeps no checkpoints.
+        policy: when to save (a CheckpointPolicy; default `CheckpointPolicy()`).
+        meta: the run's metadata (`run_metadata`): stored in every checkpoint and required to match on restore.
+        results: the names (files or directories) in `output_dir` that hold the run's results: a new run
+            refuses to start over them, and `overwrite=True` deletes them (default `RUN_RESULTS`).
+        checkpoint_dir: where the checkpoints go (default `output_dir/checkpoints`; None with no
+            `output_dir`: no checkpoints).
+        manager_factory: `manager_factory(directory, policy)` builds the CheckpointManager (default
+            `CheckpointManager`; e.g. a manager that writes in a background thread).
+    """
+
+    def __init__(self, output_dir: Optional[str], policy: Optional[CheckpointPolicy] = None,
+                 meta: Optional[dict] = None, *, results: Sequence[str] = RUN_RESULTS,
+                 checkpoint_dir: Optional[str] = None,
+                 manager_factory: Callable[[str, CheckpointPolicy], CheckpointManager] = CheckpointManager):
+        self.output_dir = output_dir
+        self.policy = policy or CheckpointPolicy()
+        self.meta = dict(meta or {})
+        self.results = tuple(results)
+        self.manager = None
+        if checkpoint_dir is None and output_dir is not None:
+            checkpoint_dir = os.path.join(output_dir, CHECKPOINT_DIR)
+        if checkpoint_dir is not None:
+            self.manager = manager_factory(checkpoint_dir, self.policy)
+            self.manager.mark_time(time.perf_counter())
+
+    def newest_step(self) -> Optional[int]:
+        """The step of the newest checkpoint file (readable or not), or None when there is none."""
+        found = self.manager.all() if self.manager is not None else []
+        return found[0][0] if found else None
+
+    def existing_results(self) -> list[str]:
+        """The names of `results` present in `output_dir` (directories only when not empty), sorted."""
+        if self.output_dir is None:
+            return []
+        present = []
+        for name in self.results:
+            path = os.path.join(self.output_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                if any(files for _, _, files in os.walk(path)):
+                    present.append(name)
+            elif os.path.lexists(path):
+                present.append(name)
+        return sorted(present)
+
+    def clear_results(self) -> list[str]:
+        """Deletes the run's results (`existing_results`) from `output_dir`, and nothing else there.
+
+        Returns:
+            The names deleted.
+        """
+        present = self.existing_results()
+        for name in present:
+            path = os.path.join(self.output_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.remove(path)
+        if present:
+            logger.warning("overwrite: deleted the previous run's %s from %s", ", ".join(present), self.output_dir)
+        if self.manager is not None:
+            self.manager.rescan()  # forget the deleted run's best value
+        return present
+
+    def check_start(self, *, resume: bool = True, overwrite: bool = False) -> Optional[int]:
+        """What `restore_or_init` would do with the same arguments, without doing it or changing anything on disk.
+
+        Args:
+            resume: continue from the newest readable checkpoint (see `restore_or_init`).
+            overwrite: start a new run, deleting the previous run's results (see `restore_or_init`).
+
+        Returns:
+            The step of the checkpoint it would resume from, or None for a new run.
+
+        Raises:
+            UnreadableCheckpointsError: `resume` and there are checkpoints, but none is readable.
+            ValueError: the checkpoint it would resume from was written by another run (metadata differs).
+            ExistingRunError: a new run would start over results in `output_dir` without `overwrite`.
+        """
+        if self.manager is None or overwrite:
+            return None
+        if resume:
+            try:
+                found = self.manager.newest_readable()
+            except UnreadableCheckpointsError as e:
+                raise UnreadableCheckpointsError(e.directory, e.unreadable, advice=(
+                    f"Move them away (or restore good copies) to resume, use another output_dir, or "
+                    f"{OVERWRITE_ADVICE}.")) from None
+            if found is not None:
+                path, payload, _ = found
+                check_meta(path, payload["meta"], self.meta)
+                return payload["step"]
+        present = self.existing_results()
+        if present:
+            why = "resume=False asks for a new run" if resume is False else "it has no checkpoint to resume from"
+            raise ExistingRunError(f"{self.output_dir} holds the results of a run ({', '.join(present)}) and {why}; "
+                                   f"a new run there would overwrite them. Use another output_dir, or "
+                                   f"{OVERWRITE_ADVICE}.")
+        return None
+
+    def restore_or_init(self, init: Callable[[jax.Array], Any], key: jax.Array, *, resume: bool = True,
+                        overwrite: bool = False,
+                        structure_at: Optional[Callable[[int], Any]] = None) -> tuple[Any, RunTotals]:
+        """The state and totals of the newest readable checkpoint, or `init(key)` and zero totals.
+
+        A checkpoint that reads but does not match the metadata or the state's structure raises
+        ValueError (it is never skipped); unreadable ones are skipped and, once a good one is
+        restored, set aside to `checkpoints/corrupt/` with a warning. When there are checkpoints but
+        none is readable it raises `UnreadableCheckpointsError`; a new run (no checkpoint, or
+        `resume=False`) where `output_dir` holds results raises `ExistingRunError`. Either refusal
+        changes nothing on disk; `overwrite=True` starts a new run instead, deleting the results first.
+
+        Args:
+            init: `init(key) -> state`, the initial state of a new run.
+            key: the run's PRNG key, for `init`.
+            resume: continue from the newest readable checkpoint; False starts a new run (refused where
+                `output_dir` holds results, unless `overwrite`).
+            overwrite: start a new run whatever `output_dir` holds, deleting the previous run's results
+                (`results`: its checkpoints included) first; implies not resuming.
+            structure_at: `structure_at(step)` -> the structure (e.g. via `jax.eval_shape`) of the state a
+                checkpoint written at `step` holds, for runs whose state changes structure over time (an
+                EstimatorSchedule); default: that of `init(key)`.
+
+        Returns:
+            (state, totals).
+        """
+        if self.check_start(resume=resume, overwrite=overwrite) is None:
+            if overwrite:
+                self.clear_results()
+            return init(key), RunTotals()
+        template = structure_at if structure_at is not None else (lambda _: jax.eval_shape(init, key))
+        state, payload = self.manager.restore_latest(template, expect=self.meta)
+        logger.info("resuming from step %d (%s)", payload["step"], self.manager.directory)
+        return state, RunTotals.from_meta(payload["meta"])
+    def save(self, step: int, state: Any, totals: RunTotals, metrics: Optional[dict] = None, *,
+             final: bool = False) -> None:
+        """Saves the checkpoints the policy wants after outer step `step`.
+
+        Rolling and permanent checkpoints as `CheckpointManager.due` says; a "best" one when
+        `metrics` holds `policy.best_metric` and it improves on the best so far.
+
+        Args:
+            step: outer steps taken.
+            state: the state to save.
+            totals: the run's totals now (stored with the metadata).
+            metrics: this step's logged metrics, or None when the step was not logged.
+            final: whether this is the session's last step (`policy.save_final` saves then).
+        """
+        if self.manager is None:
+            return
+        now = time.perf_counter()
+        meta = dict(self.meta, **totals.as_meta())
+        self.manager.save(step, state, meta, kinds=self.manager.due(step, now, final=final), now=now)
+        best = self.policy.best_metric
+        if metrics is not None and best and best in metrics:
+            self.manager.save_best(step, state, metrics[best], meta)

@@ -1,0 +1,12 @@
+"""Training one model with a (learned or hand-designed) optimizer: the model training loop.
+
+`train_state` (the pure train step and its state), `train_loop` (the loop: data, evaluation,
+checkpoints, summaries, resume), `train_model` (the one-call wrapper), `train_eval` (evaluating a
+model on a split during training).
+"""
+from outer_trainers.training.train_eval import Evaluation, Evaluator
+from outer_trainers.training.train_loop import TrainResult, run_to_end, train_loop
+from outer_trainers.training.train_model import train_model
+from outer_trainers.training.train_state import TrainState
+
+__all__ = ["Evaluation", "Evaluator", "TrainResult", "run_to_end", "train_loop", "train_model", "TrainState"]
