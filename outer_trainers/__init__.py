@@ -37,7 +37,7 @@ __all__ = [
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",
     "Reporter", "RunTotals", "RunCheckpoints", "theta_from_checkpoint", "MetaTrainingDiverged",
     "ExistingRunError", "UnreadableCheckpointsError",
-    "protocol", "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
+    "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP", "ShardedTruncatedPES",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",
     "train_loop", "run_to_end", "Evaluation", "Evaluator", "chained", "use_all_cpu_cores",
