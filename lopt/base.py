@@ -13,13 +13,32 @@ every `update` checks that the gradients have the params' tree and leaf shapes, 
 leaf that differs. Params: float32 or bfloat16 arrays (state float32, updates in each parameter's
 dtype, also inside `lax.scan`); a plain Python float leaf is read as a float32 0-d array, as
 `optax.apply_updates` does, and gets a float32 [] update.
-Learned optimizers compare and hash by value (their class and `config()`), so they are safe
-as static jit arguments and as cache keys.
+Hyper-parameters are declared once, as annotated class attributes with defaults, and every
+subclass becomes a frozen dataclass of them (as flax's `nn.Module` does):
+
+    class MyLOpt(LearnedOptimizer):
+        hidden_size: int = 32
+        decays: tuple[float, ...] = (0.9, 0.99)
+        chunk_size: Optional[int] = speed_option(None)     # speed only: not in config(), not compared
+
+        def check_config(self):                            # optional: refuse bad hyper-parameters
+            if self.hidden_size < 1: raise ValueError(...)
+
+The generated constructor takes the fields in order (`MyLOpt(16, decays=[0.5])`) and converts
+each value to its declared type (int, float, bool, str, tuple[T, ...], Optional[T]), so a list
+read back from JSON is a tuple again. From the fields the base class derives `config()` (the
+JSON-able constructor arguments), equality and hashing by value (the class and the `config()`
+fields, never object identity: safe as static jit arguments and cache keys), `repr`, and through
+`config()` the theta files of `lopt.serialization`. A subclass that writes its own `__init__` is
+left a plain class and writes `config()` itself.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any, Optional
+import types
+import typing
+from typing import Any, Callable, Optional
 
 import jax
 import optax
@@ -29,19 +48,124 @@ from lopt.features import tree_mismatch
 Theta = Any
 
 _ARCHITECTURES: dict[str, type] = {}
-_THETA_SPECS: dict[tuple, Any] = {}  # (class, config JSON) -> theta's ShapeDtypeStructs
+_THETA_SPECS: dict[Any, Any] = {}  # learned optimizer (hashed by value) -> theta's ShapeDtypeStructs
+_CONVERTERS: dict[type, dict[str, Callable[[Any], Any]]] = {}  # class -> field name -> converter
+_IN_CONFIG = "lopt.in_config"  # field metadata: "always" (default), "never" or "unless_default"
 
 
+def speed_option(default: Any) -> Any:
+    """A constructor argument that changes speed, not the function theta defines.
+
+    It is not part of `config()`, equality or the hash: two optimizers that differ only in it are
+    equal (one jit compilation serves both, which is right as their updates agree) and a theta
+    saved with one value loads into the other.
+
+    Args:
+      default: the argument's default value.
+
+    Returns:
+      A `dataclasses.field` to assign to the annotated class attribute.
+    """
+    return dataclasses.field(default=default, compare=False, metadata={_IN_CONFIG: "never"})
+
+
+def added_option(default: Any) -> Any:
+    """A hyper-parameter added after theta files had been written without it.
+
+    It is in `config()` only when it differs from `default`, so the configs of optimizers that do
+    not use it, and the files and run records written before it existed, stay what they were; such
+    a file rebuilds with `default`. It is compared and hashed like any hyper-parameter.
+
+    Args:
+      default: the value that reproduces the behaviour from before the option existed.
+
+    Returns:
+      A `dataclasses.field` to assign to the annotated class attribute.
+    """
+    return dataclasses.field(default=default, metadata={_IN_CONFIG: "unless_default"})
+
+
+def _converter(tp: Any) -> Callable[[Any], Any]:
+    """The function that converts a constructor argument to the field type `tp`; identity for other types."""
+    if tp in (int, float, bool, str):
+        return tp
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _converter(args[0])
+        return lambda x: tuple(item(v) for v in x)
+    if origin is tuple and args:
+        items = [_converter(a) for a in args]
+        return lambda x: tuple(c(v) for c, v in zip(items, x, strict=True))
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = _converter(next(a for a in args if a is not type(None)))
+        return lambda x: None if x is None else inner(x)
+    return lambda x: x
+
+
+def _converters(cls: type) -> dict[str, Callable[[Any], Any]]:
+    if cls not in _CONVERTERS:
+        hints = typing.get_type_hints(cls)
+        _CONVERTERS[cls] = {f.name: _converter(hints[f.name]) for f in dataclasses.fields(cls)}
+    return _CONVERTERS[cls]
+
+
+def _declares_fields(cls: type) -> bool:
+    """Whether `cls` was made a dataclass of its fields (not a subclass with its own `__init__`)."""
+    return "__dataclass_fields__" in vars(cls)
+
+
+def _is_wrapper(cls: type) -> bool:
+    """Whether `cls` only wraps its one parent under the parent's own name, as the subclass that
+    `gin.external_configurable` makes does: not a new architecture."""
+    return len(cls.__bases__) == 1 and all(
+        getattr(cls, a) == getattr(cls.__bases__[0], a) for a in ("__module__", "__qualname__"))
+
+
+def _to_json(value: Any) -> Any:
+    return [_to_json(v) for v in value] if isinstance(value, tuple) else value
+
+
+@typing.dataclass_transform(frozen_default=True, eq_default=False,
+                            field_specifiers=(dataclasses.field, speed_option, added_option))
 class LearnedOptimizer:
     """Base class of learned optimizers (see the module docstring for the protocol).
 
-    Subclasses implement `init`, `opt_fn` and `config`; each subclass is registered by its class
-    name (`architecture`), so saved thetas can rebuild it.
+    Subclasses declare their hyper-parameters as annotated fields and implement `init` and
+    `opt_fn` (and, to refuse bad hyper-parameters, `check_config`); each subclass is registered
+    by its class name (`architecture`), so saved thetas can rebuild it.
     """
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if _is_wrapper(cls):
+            return
         _ARCHITECTURES[cls.__name__] = cls
+        if "__init__" not in vars(cls):
+            dataclasses.dataclass(frozen=True, eq=False, repr=False)(cls)
+
+    def __post_init__(self) -> None:
+        """Converts every field to its declared type, then runs `check_config`.
+
+        Raises:
+          TypeError: a value cannot be converted, or is not hashable.
+          ValueError: from `check_config`.
+        """
+        for name, convert in _converters(type(self)).items():
+            value = convert(getattr(self, name))
+            try:
+                hash(value)
+            except TypeError:
+                raise TypeError(f"{type(self).__name__}: {name}={value!r} is not hashable; declare the field as a "
+                                f"tuple, number, bool or str") from None
+            object.__setattr__(self, name, value)
+        self.check_config()
+
+    def check_config(self) -> None:
+        """Refuses bad hyper-parameters, called once by the constructor (fields already converted).
+
+        Raises:
+          ValueError: naming the hyper-parameter and the value that is not allowed.
+        """
 
     def init(self, key: jax.Array) -> Theta:
         """Initial meta-parameters.
@@ -74,8 +198,20 @@ class LearnedOptimizer:
         raise NotImplementedError
 
     def config(self) -> dict:
-        """JSON-serialisable constructor arguments: `type(self)(**self.config())` rebuilds self."""
-        raise NotImplementedError
+        """The JSON-serialisable hyper-parameters: `type(self)(**self.config())` rebuilds self.
+
+        Returns:
+          {field name: value} for every field but the `speed_option`s (and the `added_option`s
+          at their default), tuples as lists.
+        """
+        if not _declares_fields(type(self)):
+            raise NotImplementedError(f"{type(self).__name__} writes its own __init__, so it must write config()")
+        out = {}
+        for f in dataclasses.fields(self):
+            value, rule = getattr(self, f.name), f.metadata.get(_IN_CONFIG, "always")
+            if rule == "always" or (rule == "unless_default" and value != f.default):
+                out[f.name] = _to_json(value)
+        return out
 
     def theta_spec(self) -> Theta:
         """The shapes and dtypes of theta, `jax.eval_shape` of `init` (computed once per class and config).
@@ -83,10 +219,9 @@ class LearnedOptimizer:
         Returns:
           theta's pytree with `jax.ShapeDtypeStruct` leaves.
         """
-        key = (type(self), json.dumps(self.config(), sort_keys=True))
-        if key not in _THETA_SPECS:
-            _THETA_SPECS[key] = jax.eval_shape(lambda: self.init(jax.random.key(0)))
-        return _THETA_SPECS[key]
+        if self not in _THETA_SPECS:
+            _THETA_SPECS[self] = jax.eval_shape(lambda: self.init(jax.random.key(0)))
+        return _THETA_SPECS[self]
 
     def check_theta(self, theta: Theta, where: str = "opt_fn", *, check_dtypes: bool = False) -> None:
         """A clear error unless theta has this optimizer's tree structure and leaf shapes.
@@ -114,14 +249,20 @@ class LearnedOptimizer:
         """The class name, e.g. "MLPLOpt"."""
         return type(self).__name__
 
-    def _key(self) -> tuple:
-        return (type(self).__name__, json.dumps(self.config(), sort_keys=True))
+    def _values(self) -> tuple:
+        """What equality and the hash compare: the compared fields' values (or the `config()` JSON
+        of a subclass with its own `__init__`)."""
+        if _declares_fields(type(self)):
+            return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.compare)
+        return (json.dumps(self.config(), sort_keys=True),)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, LearnedOptimizer) and self._key() == other._key()
+        if not isinstance(other, LearnedOptimizer):
+            return NotImplemented
+        return type(self) is type(other) and self._values() == other._values()
 
     def __hash__(self) -> int:
-        return hash(self._key())
+        return hash((type(self).__qualname__, self._values()))
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
