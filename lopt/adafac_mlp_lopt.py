@@ -259,31 +259,24 @@ class AdafacMLPLOpt(LearnedOptimizer):
         `num_steps` given to `opt_fn` (zeros when it is None).
     """
 
-    def __init__(self, hidden_size: int = 4, hidden_layers: int = 2,
-                 momentum_decays: Sequence[float] = (0.9, 0.99, 0.999), rms_decay: float = 0.999,
-                 adafactor_decays: Sequence[float] = (0.9, 0.99, 0.999), step_mult: float = 1e-3,
-                 exp_mult: float = 1e-3, timescales: Sequence[float] = ft.TIMESCALES,
-                 use_num_steps: bool = False):
-        if hidden_layers < 1 or hidden_size < 1 or not momentum_decays or not adafactor_decays:
+    hidden_size: int = 4
+    hidden_layers: int = 2
+    momentum_decays: tuple[float, ...] = (0.9, 0.99, 0.999)
+    rms_decay: float = 0.999
+    adafactor_decays: tuple[float, ...] = (0.9, 0.99, 0.999)
+    step_mult: float = 1e-3
+    exp_mult: float = 1e-3
+    timescales: tuple[float, ...] = ft.TIMESCALES
+    use_num_steps: bool = False
+
+    def check_config(self) -> None:
+        if self.hidden_layers < 1 or self.hidden_size < 1 or not self.momentum_decays or not self.adafactor_decays:
             raise ValueError("AdafacMLPLOpt needs hidden_layers, hidden_size >= 1 and non-empty decays")
-        self.hidden_size, self.hidden_layers = int(hidden_size), int(hidden_layers)
-        self.momentum_decays = tuple(float(d) for d in momentum_decays)
-        self.rms_decay = float(rms_decay)
-        self.adafactor_decays = tuple(float(d) for d in adafactor_decays)
-        self.step_mult, self.exp_mult = float(step_mult), float(exp_mult)
-        self.timescales = tuple(float(t) for t in timescales)
-        self.use_num_steps = bool(use_num_steps)
 
     @property
     def num_features(self) -> int:
         """F, the number of per-parameter features (28 with the default decays)."""
         return num_leaf_features(len(self.momentum_decays), len(self.adafactor_decays))
-
-    def config(self) -> dict:
-        return dict(hidden_size=self.hidden_size, hidden_layers=self.hidden_layers,
-                    momentum_decays=list(self.momentum_decays), rms_decay=self.rms_decay,
-                    adafactor_decays=list(self.adafactor_decays), step_mult=self.step_mult,
-                    exp_mult=self.exp_mult, timescales=list(self.timescales), use_num_steps=self.use_num_steps)
 
     def init(self, key: jax.Array) -> dict:
         theta = per_param_mlp_init(key, self.num_features, len(self.timescales),

@@ -37,14 +37,15 @@ part of `config()`: they change speed, not the function theta defines.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from lopt import features as ft
-from lopt.base import LearnedOptimizer
+from lopt.base import LearnedOptimizer, speed_option
+from lopt.moment_features import accumulate, feature_sum_squares, init_accumulators, leaf_features, momentum_index
 from lopt.nn import per_param_mlp_init, shared_bias
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
@@ -63,35 +64,6 @@ class MLPLOptState(NamedTuple):
     momenta: Any
     second_moment: Any
     iteration: jax.Array
-
-
-def init_accumulators(params: Any, num_decays: int) -> tuple[Any, Any]:
-    """Zero accumulators for every leaf of `params`: (momenta [K, *p.shape], second moments [*p.shape]),
-    float32, K = num_decays (shared by MLPLOpt and RNNMLPLOpt)."""
-    momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((num_decays,) + jnp.shape(p), jnp.float32), params)
-    return momenta, jax.tree_util.tree_map(ft.zeros_like_f32, params)
-
-
-def momentum_index(decays) -> int:
-    """Index of the momentum decay closest to 0.9 (the one the rsqrt(v)-scaled feature uses)."""
-    return min(range(len(decays)), key=lambda i: abs(decays[i] - 0.9))
-
-
-def accumulate(g: jax.Array, m: jax.Array, v: jax.Array, decays: jax.Array, rms_decay: float):
-    """m_k ← β_k m_k + (1 − β_k) g (m [K, *g.shape]), v ← β_v v + (1 − β_v) g²; g float32.
-
-    Call it on the state in the parameter's own shape and reshape afterwards: then a donated
-    optimizer state is updated in place (after a reshape to [K, n] XLA copied the momenta into the
-    output buffers, as their shapes no longer matched)."""
-    b = decays.reshape((-1,) + (1,) * g.ndim)
-    return b * m + (1.0 - b) * g, rms_decay * v + (1.0 - rms_decay) * jnp.square(g)
-
-
-def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int) -> list:
-    """The F = K + 5 un-normalised features of one tensor, each shaped like g:
-    g, p, m_1..m_K, √v, g/√(v+ε), m_0.9/√(v+ε)."""
-    rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
-    return [g, p, *m, jnp.sqrt(v), g * rsqrt_v, m[mom_idx] * rsqrt_v]
 
 
 def vary_like(x: jax.Array, ref: jax.Array) -> jax.Array:
@@ -113,24 +85,6 @@ def vary_like(x: jax.Array, ref: jax.Array) -> jax.Array:
       x's values, batched like ref.
     """
     return jnp.where(jnp.isnan(ref), x, x)
-
-
-def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int,
-                        blocks: bool = True) -> jax.Array:
-    """Σ x_f² over the tensor for each feature of `leaf_features` (g, p, m [K, n], v flat): [F].
-
-    With `blocks`, per block of `features.blockwise_sum` (a big tensor's eleven reductions then read
-    each block from cache: 6.3M parameters 21.7 -> 10.0 ms on the 2-core CPU); without, over the
-    whole tensor (faster for an update vmapped over many models, see `features.SUM_BLOCK`). One
-    reduction per feature and the K momenta in one (reducing the [c] slices m[k] separately would
-    copy each of them first)."""
-    def block(start, size):
-        g_, p_, m_, v_ = (jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim - 1) for x in (g, p, m, v))
-        rsqrt_v = jax.lax.rsqrt(v_ + ft.EPS)
-        one = lambda x: jnp.sum(jnp.square(x))[None]
-        return jnp.concatenate([one(g_), one(p_), jnp.sum(jnp.square(m_), axis=1), one(jnp.sqrt(v_)),
-                                one(g_ * rsqrt_v), one(m_[mom_idx] * rsqrt_v)])
-    return ft.blockwise_sum(block, g.shape[-1]) if blocks else block(0, g.shape[-1])
 
 
 class MLPLOpt(LearnedOptimizer):
@@ -156,26 +110,27 @@ class MLPLOpt(LearnedOptimizer):
       column_min_size: tensors smaller than this use the row-major MLP (speed only, not in `config()`).
     """
 
-    def __init__(self, hidden_size: int = 32, hidden_layers: int = 2, decays: Sequence[float] = DECAYS,
-                 rms_decay: float = 0.999, step_mult: float = 1e-3, exp_mult: float = 1e-3,
-                 timescales: Sequence[float] = ft.TIMESCALES, use_num_steps: bool = False,
-                 chunk_size: Optional[int] = None, column_min_size: int = COLUMN_MIN_SIZE):
-        if hidden_layers < 1 or hidden_size < 1:
+    hidden_size: int = 32
+    hidden_layers: int = 2
+    decays: tuple[float, ...] = DECAYS
+    rms_decay: float = 0.999
+    step_mult: float = 1e-3
+    exp_mult: float = 1e-3
+    timescales: tuple[float, ...] = ft.TIMESCALES
+    use_num_steps: bool = False
+    chunk_size: Optional[int] = speed_option(None)
+    column_min_size: int = speed_option(COLUMN_MIN_SIZE)
+
+    def check_config(self) -> None:
+        if self.hidden_layers < 1 or self.hidden_size < 1:
             raise ValueError(f"MLPLOpt needs hidden_layers >= 1 and hidden_size >= 1, "
-                             f"got {hidden_layers}, {hidden_size}")
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"MLPLOpt needs chunk_size >= 1 (or None for the devices' default), got {chunk_size}")
-        self.hidden_size = int(hidden_size)
-        self.hidden_layers = int(hidden_layers)
-        self.decays = tuple(float(d) for d in decays)
-        self.rms_decay = float(rms_decay)
-        self.step_mult = float(step_mult)
-        self.exp_mult = float(exp_mult)
-        self.timescales = tuple(float(t) for t in timescales)
-        self.use_num_steps = bool(use_num_steps)
-        self.chunk_size = None if chunk_size is None else int(chunk_size)
-        self.column_min_size = int(column_min_size)
-        self._mom_idx = momentum_index(self.decays)
+                             f"got {self.hidden_layers}, {self.hidden_size}")
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise ValueError(f"MLPLOpt needs chunk_size >= 1 (or None for the devices' default), got {self.chunk_size}")
+
+    @property
+    def _mom_idx(self) -> int:
+        return momentum_index(self.decays)
 
     @property
     def block_size(self) -> int:
@@ -187,11 +142,6 @@ class MLPLOpt(LearnedOptimizer):
     def num_features(self) -> int:
         """F = K + 5, the number of per-parameter features."""
         return len(self.decays) + 5
-
-    def config(self) -> dict:
-        return dict(hidden_size=self.hidden_size, hidden_layers=self.hidden_layers, decays=list(self.decays),
-                    rms_decay=self.rms_decay, step_mult=self.step_mult, exp_mult=self.exp_mult,
-                    timescales=list(self.timescales), use_num_steps=self.use_num_steps)
 
     def init(self, key: jax.Array) -> dict:
         return per_param_mlp_init(key, self.num_features, len(self.timescales),

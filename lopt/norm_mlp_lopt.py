@@ -61,15 +61,15 @@ forms an [n, F] feature array or an [n, H] activation (1M-parameter train step: 
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from lopt import features as ft
-from lopt.base import LearnedOptimizer
-from lopt.mlp_lopt import accumulate, feature_sum_squares, leaf_features
+from lopt.base import LearnedOptimizer, added_option
+from lopt.moment_features import accumulate, feature_sum_squares, leaf_features, momentum_index
 from lopt.nn import dense_init, elementwise_mlp
 
 DECAYS = (0.5, 0.9, 0.99, 0.999)
@@ -141,50 +141,53 @@ class NormMLPLOpt(LearnedOptimizer):
         1/fan_in step for Adam-type updates (0: off).
     """
 
-    def __init__(self, hidden_size: int = 16, hidden_layers: int = 1, decays: Sequence[float] = DECAYS,
-                 rms_decay: float = 0.999, base_lr: float = 3e-3, log_lr_range: float = 5.0,
-                 clip_value: float = 5.0, residual_init: float = 0.1, lr_hidden_size: int = 16,
-                 timescales: Sequence[float] = ft.TIMESCALES, use_num_steps: bool = True,
-                 orthogonalize: bool = False, vector_rule: str = "learned", normalize_update: bool = True,
-                 residual_bound: float = 0.0, schedule: str = "constant", relative_step: bool = False,
-                 relative_floor: float = 1e-3, fan_in_ref: float = 0.0):
-        if hidden_layers < 1 or hidden_size < 1 or lr_hidden_size < 1:
+    hidden_size: int = 16
+    hidden_layers: int = 1
+    decays: tuple[float, ...] = DECAYS
+    rms_decay: float = 0.999
+    base_lr: float = 3e-3
+    log_lr_range: float = 5.0
+    clip_value: float = 5.0
+    residual_init: float = 0.1
+    lr_hidden_size: int = 16
+    timescales: tuple[float, ...] = ft.TIMESCALES
+    use_num_steps: bool = True
+    orthogonalize: bool = False
+    vector_rule: str = "learned"
+    normalize_update: bool = True
+    residual_bound: float = 0.0
+    schedule: str = "constant"
+    relative_step: bool = False
+    relative_floor: float = 1e-3
+    fan_in_ref: float = added_option(0.0)
+
+    def check_config(self) -> None:
+        if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
             raise ValueError(f"NormMLPLOpt needs hidden_layers, hidden_size, lr_hidden_size >= 1, got "
-                             f"{hidden_layers}, {hidden_size}, {lr_hidden_size}")
-        if not decays:
+                             f"{self.hidden_layers}, {self.hidden_size}, {self.lr_hidden_size}")
+        if not self.decays:
             raise ValueError("NormMLPLOpt needs at least one momentum decay")
-        if not all(0.0 <= float(d) < 1.0 for d in (*decays, rms_decay)):
-            raise ValueError(f"decays and rms_decay must lie in [0, 1), got {tuple(decays)}, {rms_decay}")
-        if not (base_lr > 0 and log_lr_range > 0 and clip_value > 0):
-            raise ValueError(f"base_lr, log_lr_range and clip_value must be > 0, got {base_lr}, {log_lr_range}, "
-                             f"{clip_value}")
-        if vector_rule not in VECTOR_RULES:
-            raise ValueError(f"unknown vector_rule {vector_rule!r}; known: {VECTOR_RULES}")
-        self.hidden_size, self.hidden_layers = int(hidden_size), int(hidden_layers)
-        self.decays = tuple(float(d) for d in decays)
-        self.rms_decay = float(rms_decay)
-        self.base_lr, self.log_lr_range, self.clip_value = float(base_lr), float(log_lr_range), float(clip_value)
-        self.residual_init = float(residual_init)
-        self.lr_hidden_size = int(lr_hidden_size)
-        self.timescales = tuple(float(t) for t in timescales)
-        self.use_num_steps = bool(use_num_steps)
-        self.orthogonalize = bool(orthogonalize)
-        self.vector_rule = str(vector_rule)
-        self.normalize_update = bool(normalize_update)
-        if residual_bound < 0:
-            raise ValueError(f"residual_bound must be >= 0 (0: unbounded), got {residual_bound}")
-        self.residual_bound = float(residual_bound)
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}; known: {SCHEDULES}")
-        if not relative_floor > 0:
-            raise ValueError(f"relative_floor must be > 0, got {relative_floor}")
-        self.schedule, self.relative_step, self.relative_floor = str(schedule), bool(relative_step), float(relative_floor)
-        if not fan_in_ref >= 0:
-            raise ValueError(f"fan_in_ref must be >= 0 (0: off), got {fan_in_ref}")
-        if fan_in_ref > 0 and not relative_step:
+        if not all(0.0 <= d < 1.0 for d in (*self.decays, self.rms_decay)):
+            raise ValueError(f"decays and rms_decay must lie in [0, 1), got {self.decays}, {self.rms_decay}")
+        if not (self.base_lr > 0 and self.log_lr_range > 0 and self.clip_value > 0):
+            raise ValueError(f"base_lr, log_lr_range and clip_value must be > 0, got {self.base_lr}, "
+                             f"{self.log_lr_range}, {self.clip_value}")
+        if self.vector_rule not in VECTOR_RULES:
+            raise ValueError(f"unknown vector_rule {self.vector_rule!r}; known: {VECTOR_RULES}")
+        if self.residual_bound < 0:
+            raise ValueError(f"residual_bound must be >= 0 (0: unbounded), got {self.residual_bound}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; known: {SCHEDULES}")
+        if not self.relative_floor > 0:
+            raise ValueError(f"relative_floor must be > 0, got {self.relative_floor}")
+        if not self.fan_in_ref >= 0:
+            raise ValueError(f"fan_in_ref must be >= 0 (0: off), got {self.fan_in_ref}")
+        if self.fan_in_ref > 0 and not self.relative_step:
             raise ValueError("fan_in_ref scales the relative step: it needs relative_step=True")
-        self.fan_in_ref = float(fan_in_ref)
-        self._mom_idx = min(range(len(self.decays)), key=lambda i: abs(self.decays[i] - 0.9))
+
+    @property
+    def _mom_idx(self) -> int:
+        return momentum_index(self.decays)
 
     @property
     def num_features(self) -> int:
@@ -195,18 +198,6 @@ class NormMLPLOpt(LearnedOptimizer):
     def num_context(self) -> int:
         """C = T + 5, the inputs of the step-size MLP (step embedding, progress, loss features)."""
         return len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
-
-    def config(self) -> dict:
-        # fan_in_ref appears only when set, so the configs (and theta files) written before it existed are unchanged
-        extra = {"fan_in_ref": self.fan_in_ref} if self.fan_in_ref > 0 else {}
-        return dict(**extra, hidden_size=self.hidden_size, hidden_layers=self.hidden_layers, decays=list(self.decays),
-                    rms_decay=self.rms_decay, base_lr=self.base_lr, log_lr_range=self.log_lr_range,
-                    clip_value=self.clip_value, residual_init=self.residual_init,
-                    lr_hidden_size=self.lr_hidden_size, timescales=list(self.timescales),
-                    use_num_steps=self.use_num_steps, orthogonalize=self.orthogonalize,
-                    vector_rule=self.vector_rule, normalize_update=self.normalize_update,
-                    residual_bound=self.residual_bound, schedule=self.schedule, relative_step=self.relative_step,
-                    relative_floor=self.relative_floor)
 
     def init(self, key: jax.Array) -> dict:
         """Initial theta: normalized Adam at `base_lr` plus a small random residual.

@@ -19,7 +19,7 @@ the params' tree order), the loss EMA and the step count.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ import optax
 
 from lopt import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.mlp_lopt import accumulate, feature_sum_squares, init_accumulators, leaf_features, momentum_index
+from lopt.moment_features import accumulate, feature_sum_squares, init_accumulators, leaf_features, momentum_index
 from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
 
 
@@ -68,17 +68,22 @@ class RNNMLPLOpt(LearnedOptimizer):
       timescales: τ of the step embedding tanh(t/τ − 1).
     """
 
-    def __init__(self, lstm_hidden: int = 16, mlp_hidden: int = 8, mlp_layers: int = 2,
-                 decays: Sequence[float] = (0.5, 0.9, 0.99, 0.999), rms_decay: float = 0.999,
-                 step_mult: float = 1e-3, exp_mult: float = 1e-3, timescales: Sequence[float] = ft.TIMESCALES):
-        if min(lstm_hidden, mlp_hidden, mlp_layers) < 1 or not decays:
+    lstm_hidden: int = 16
+    mlp_hidden: int = 8
+    mlp_layers: int = 2
+    decays: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)
+    rms_decay: float = 0.999
+    step_mult: float = 1e-3
+    exp_mult: float = 1e-3
+    timescales: tuple[float, ...] = ft.TIMESCALES
+
+    def check_config(self) -> None:
+        if min(self.lstm_hidden, self.mlp_hidden, self.mlp_layers) < 1 or not self.decays:
             raise ValueError("RNNMLPLOpt needs positive sizes and at least one decay")
-        self.lstm_hidden, self.mlp_hidden, self.mlp_layers = int(lstm_hidden), int(mlp_hidden), int(mlp_layers)
-        self.decays = tuple(float(d) for d in decays)
-        self.rms_decay = float(rms_decay)
-        self.step_mult, self.exp_mult = float(step_mult), float(exp_mult)
-        self.timescales = tuple(float(t) for t in timescales)
-        self._mom_idx = momentum_index(self.decays)
+
+    @property
+    def _mom_idx(self) -> int:
+        return momentum_index(self.decays)
 
     @property
     def num_features(self) -> int:
@@ -89,11 +94,6 @@ class RNNMLPLOpt(LearnedOptimizer):
     def num_lstm_inputs(self) -> int:
         """The width of the LSTM's input z_i: F + 1 + T + 3 + 2."""
         return self.num_features + 1 + len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
-
-    def config(self) -> dict:
-        return dict(lstm_hidden=self.lstm_hidden, mlp_hidden=self.mlp_hidden, mlp_layers=self.mlp_layers,
-                    decays=list(self.decays), rms_decay=self.rms_decay, step_mult=self.step_mult,
-                    exp_mult=self.exp_mult, timescales=list(self.timescales))
 
     def init(self, key: jax.Array) -> dict:
         keys = jax.random.split(key, self.mlp_layers + 3)

@@ -1,0 +1,119 @@
+"""Momentum and second-moment accumulators, and the per-parameter features read from them.
+
+Shared by MLPLOpt, NormMLPLOpt and RNNMLPLOpt (Metz et al. 2019's features). For a parameter
+tensor p with gradient g, float32 accumulators of p's shape:
+
+    m_k ← β_k m_k + (1 − β_k) g        k = 1..K (the momentum decays), stacked as [K, *p.shape]
+    v   ← β_v v + (1 − β_v) g²
+
+and F = K + 5 features per parameter:
+
+    g, p, m_1..m_K, √v, g/√(v+ε), m_0.9/√(v+ε)
+
+where m_0.9 is the momentum whose decay is closest to 0.9 (`momentum_index`) and ε =
+`features.EPS`. Each architecture normalises every feature by its root-mean-square over the
+tensor; `feature_sum_squares` gives the sums of squares that RMS is taken from.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from lopt import features as ft
+
+
+def init_accumulators(params: Any, num_decays: int) -> tuple[Any, Any]:
+    """Zero accumulators for every leaf of `params`.
+
+    Args:
+      params: the parameter pytree.
+      num_decays: K, the number of momenta.
+
+    Returns:
+      (momenta, second moments): pytrees like `params` with float32 leaves of shapes
+      [K, *p.shape] and [*p.shape].
+    """
+    momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((num_decays,) + jnp.shape(p), jnp.float32), params)
+    return momenta, jax.tree_util.tree_map(ft.zeros_like_f32, params)
+
+
+def momentum_index(decays: Sequence[float]) -> int:
+    """The index of the momentum decay closest to 0.9, the momentum of the feature m_0.9/√(v+ε).
+
+    Args:
+      decays: the momentum decays β_1..β_K (K ≥ 1).
+
+    Returns:
+      argmin_k |β_k − 0.9| (the first such k on ties).
+    """
+    return min(range(len(decays)), key=lambda i: abs(decays[i] - 0.9))
+
+
+def accumulate(g: jax.Array, m: jax.Array, v: jax.Array, decays: jax.Array,
+               rms_decay: float) -> tuple[jax.Array, jax.Array]:
+    """One update of a tensor's accumulators: m_k ← β_k m_k + (1 − β_k) g, v ← β_v v + (1 − β_v) g².
+
+    Call it on the state in the parameter's own shape and reshape afterwards: then a donated
+    optimizer state is updated in place (after a reshape to [K, n] XLA copies the momenta into
+    the output buffers, as their shapes no longer match).
+
+    Args:
+      g: the gradient, float32 [*p.shape].
+      m: the momenta, float32 [K, *p.shape].
+      v: the second moment, float32 [*p.shape].
+      decays: β_1..β_K, float32 [K].
+      rms_decay: β_v.
+
+    Returns:
+      (m, v), updated, of the shapes given.
+    """
+    b = decays.reshape((-1,) + (1,) * g.ndim)
+    return b * m + (1.0 - b) * g, rms_decay * v + (1.0 - rms_decay) * jnp.square(g)
+
+
+def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int) -> list[jax.Array]:
+    """The F = K + 5 un-normalised features of one tensor (or one block of it).
+
+    Args:
+      g: the gradient, float32 [*s].
+      p: the parameter, float32 [*s].
+      m: the momenta, float32 [K, *s].
+      v: the second moment, float32 [*s].
+      mom_idx: the index of m_0.9 (`momentum_index`).
+
+    Returns:
+      [g, p, m_1, .., m_K, √v, g/√(v+ε), m_0.9/√(v+ε)], each float32 [*s].
+    """
+    rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
+    return [g, p, *m, jnp.sqrt(v), g * rsqrt_v, m[mom_idx] * rsqrt_v]
+
+
+def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int,
+                        blocks: bool = True) -> jax.Array:
+    """Σ x_f² over a flat tensor for each feature x_f of `leaf_features`, in its order.
+
+    With `blocks`, the sums are taken block by block (`features.blockwise_sum`): a big tensor's
+    reductions then read each block from cache. Without, each is one reduction over the whole
+    tensor, faster for an update vmapped over many models (see `features.SUM_BLOCK`). Either way
+    one reduction per feature, the K momenta in one.
+
+    Args:
+      g: the gradient, float32 [n].
+      p: the parameter, float32 [n].
+      m: the momenta, float32 [K, n].
+      v: the second moment, float32 [n].
+      mom_idx: the index of m_0.9 (`momentum_index`).
+      blocks: sum block by block (True) or over the whole tensor at once.
+
+    Returns:
+      float32 [F], F = K + 5.
+    """
+    def block(start, size):
+        g_, p_, m_, v_ = (jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim - 1) for x in (g, p, m, v))
+        rsqrt_v = jax.lax.rsqrt(v_ + ft.EPS)
+        one = lambda x: jnp.sum(jnp.square(x))[None]
+        return jnp.concatenate([one(g_), one(p_), jnp.sum(jnp.square(m_), axis=1), one(jnp.sqrt(v_)),
+                                one(g_ * rsqrt_v), one(m_[mom_idx] * rsqrt_v)])
+    return ft.blockwise_sum(block, g.shape[-1]) if blocks else block(0, g.shape[-1])
