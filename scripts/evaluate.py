@@ -61,7 +61,8 @@ import lopt
 from lopt.file_io import atomic_write_bytes
 import outer_trainers as ot
 from outer_trainers.evaluation import protocol
-from outer_trainers.evaluation.comparison import best_runs, check_learning_rates, final_loss
+from outer_trainers.evaluation.scores import final_loss
+from outer_trainers.evaluation.tuning import best_runs, check_learning_rates
 from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
 from tasks import suites
 from tasks.base import Task, TaskFamily, check_count, single_task_family

@@ -17,7 +17,8 @@ import jax
 import numpy as np
 
 from lopt.base import LearnedOptimizer
-from outer_trainers.evaluation.comparison import final_loss, make_task_trainer, sample_cfgs
+from outer_trainers.evaluation.scores import final_loss
+from outer_trainers.evaluation.task_trainer import make_task_trainer, sample_cfgs
 from tasks.base import Task, TaskFamily, single_task_family
 
 

@@ -9,8 +9,8 @@ import pytest
 import lopt
 import outer_trainers as ot
 import tasks
-from outer_trainers.evaluation import comparison as evaluation
-from outer_trainers.evaluation.comparison import sample_cfgs
+from outer_trainers.evaluation import comparison
+from outer_trainers.evaluation.task_trainer import sample_cfgs
 
 
 def test_run_settings_order_shapes_and_same_draws(compile_counter):
@@ -55,7 +55,7 @@ def test_best_runs_takes_the_lowest_median_final_loss_and_a_diverged_run_loses()
             {"optimizer": "adam", "losses": curve(0.1, 0.1, np.nan)},  # diverged on one task: loses
             {"optimizer": "sgd", "losses": curve(np.inf, 1.0, 1.0)},
             {"optimizer": "sgd", "losses": curve(np.nan, 1.0, 1.0)}]   # all diverged: the first, marked
-    best = evaluation.best_runs(runs)
+    best = ot.best_runs(runs)
     assert list(best) == ["learned", "adam", "sgd"]
     assert best["learned"] is runs[0] and best["adam"] is runs[1]
     assert best["sgd"] == {**runs[4], "diverged": True} and "diverged" not in runs[4]  # a marked copy
@@ -64,13 +64,12 @@ def test_best_runs_takes_the_lowest_median_final_loss_and_a_diverged_run_loses()
 
 def _fake(monkeypatch, adam_finals):
     """compare_optimizers on fake runs: a learned optimizer and one Adam run per final loss (2 tasks, 10 steps)."""
-    from outer_trainers.evaluation import protocol
     curve = lambda final: np.full((2, 10), final)
     learned = {"optimizer": "learned", "learning_rate": float("nan"), "losses": curve(1.0), "evals": np.ones(2)}
     adam = [{"optimizer": "adam", "learning_rate": lr, "losses": curve(f), "evals": np.ones(2)}
             for lr, f in zip((1e-3, 1e-2), adam_finals)]
-    monkeypatch.setattr(protocol, "run_fixed", lambda *a, **k: learned)
-    monkeypatch.setattr(protocol, "tune_learning_rate", lambda *a, **k: adam)
+    monkeypatch.setattr(comparison, "run_fixed", lambda *a, **k: learned)
+    monkeypatch.setattr(comparison, "tune_learning_rate", lambda *a, **k: adam)
     return ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, num_tasks=2, num_steps=10,
                                  key=jax.random.key(0), adam_lrs=(1e-3, 1e-2))
 
@@ -95,9 +94,8 @@ def test_compare_optimizers_names_no_best_adam_when_every_lr_diverged(monkeypatc
 ])
 def test_compare_optimizers_refuses_empty_runs_before_training(monkeypatch, kwargs, what):
     """num_steps=0 / num_tasks=0 used to give NaN tables with an arbitrary best Adam."""
-    from outer_trainers.evaluation import protocol
     for fn in ("run_fixed", "tune_learning_rate"):
-        monkeypatch.setattr(protocol, fn, lambda *a, **k: pytest.fail("trained despite a bad argument"))
+        monkeypatch.setattr(comparison, fn, lambda *a, **k: pytest.fail("trained despite a bad argument"))
     args = {**dict(num_tasks=2, num_steps=10, key=jax.random.key(0), adam_lrs=(1e-3,)), **kwargs}
     with pytest.raises(ValueError, match=what):
         ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, **args)

@@ -9,7 +9,7 @@ import pytest
 
 import tasks
 from outer_trainers.evaluation import protocol
-from outer_trainers.evaluation.comparison import make_task_trainer, sample_cfgs
+from outer_trainers.evaluation.task_trainer import make_task_trainer, sample_cfgs
 
 
 def _run(name, losses, evals=None, lr=float("nan")):

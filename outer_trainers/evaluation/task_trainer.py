@@ -1,0 +1,193 @@
+"""Training many sampled tasks with one optax optimizer in one jitted program.
+
+    trainer = make_task_trainer(family, make_tx, num_steps)
+    losses, evals = trainer(tx_args, cfgs, keys, family.data)
+
+trains every task cfg (vmapped) for `num_steps` with `make_tx(tx_args)` (tx_args traced, so an
+lr grid or a new theta reuses one compiled program) and returns per-step train losses
+[num_tasks, num_steps] and the final loss on `eval_split` [num_tasks]. Every other evaluation
+module trains through it: `sample_cfgs` and `task_draws` draw the tasks, `run_settings` runs a
+list of optimizer settings on the same draws, `run_fixed` runs one setting (a learned optimizer's
+theta) and returns the run dict that the protocol's functions score.
+
+A run dict: `{"optimizer": name, "learning_rate": float (NaN when there is none), "losses":
+[S, T] train losses, "evals": [S] held-out losses}` for S runs (seeds or task draws) of T steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from lopt import features as lopt_features
+from outer_trainers.training.train_state import eval_loss, init_train_state, train_step
+from tasks.base import TaskFamily, check_count
+
+MakeTx = Callable[[Any], optax.GradientTransformation]
+Setting = tuple[str, MakeTx, Sequence[tuple[float, Any]]]
+
+
+def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, eval_split: str = "test",
+                      eval_batches: int = 8, normalize: bool = False, batched_args: bool = False,
+                      sequential: bool = False) -> Callable:
+    """A jitted trainer of many sampled tasks with one optimizer: `fn(tx_args, cfgs, keys, data)`.
+
+    Each task `family.task_fn(cfg)` starts from `train_model`'s `init_train_state` and takes
+    `num_steps` `train_step`s with `make_tx(tx_args)` under `lax.scan`; the T tasks are vmapped
+    over `cfgs` and `keys`. `tx_args` is traced, so one compile serves every lr or theta.
+
+    Args:
+      family: the task family whose `task_fn` builds each task from its cfg.
+      make_tx: tx_args -> the optax optimizer (e.g. `optax.adam`, or `lambda th: lo.opt_fn(th)`).
+      num_steps: inner training steps per task.
+      eval_split: the data split of the loss measured after training.
+      eval_batches: batches averaged for that loss.
+      normalize: pass train and eval losses through each task's `normalizer` (comparable across tasks).
+      batched_args: `tx_args` has a leading axis of A settings (e.g. A learning rates), vmapped too,
+        so one program trains all A x T runs; the outputs get that leading axis.
+      sequential: run the A x T runs one after another (`lax.map`) inside the one program instead of
+        vmapping them: the same numbers, faster for convnets on CPU, where a vmap over weights
+        becomes a grouped convolution.
+
+    Returns:
+      `fn(tx_args, cfgs, keys, data) -> (train_losses [T, num_steps], eval_losses [T])`, where
+      `cfgs` is a batch of T task cfgs (see `sample_cfgs`), `keys` [T] the run keys and `data`
+      the family's `data` (with `batched_args`: [A, T, num_steps] and [A, T]).
+      ValueError unless num_steps, eval_batches >= 1.
+    """
+    num_steps = check_count(num_steps, "make_task_trainer: num_steps")
+    eval_batches = check_count(eval_batches, "make_task_trainer: eval_batches")
+
+    def train_one(tx_args, cfg, key, data):
+        task = family.task_fn(cfg)
+        # vmapped over the tasks (and settings): blocks sized for a batch (lopt.features)
+        with contextlib.nullcontext() if sequential else lopt_features.batched_updates():
+            tx = make_tx(tx_args)
+        k_init, k_train, k_eval = jax.random.split(key, 3)
+        state = init_train_state(task, tx, k_init)
+        state, losses = jax.lax.scan(lambda s, k: train_step(task, tx, s, data, k), state,
+                                     jax.random.split(k_train, num_steps))
+        final = eval_loss(task, state.params, state.model_state, data, k_eval, eval_split, eval_batches)
+        if normalize:
+            losses, final = task.normalizer(losses), task.normalizer(final)
+        return losses, final
+
+    if sequential:
+        return jax.jit(functools.partial(_in_sequence, train_one, batched_args))
+    over_tasks = jax.vmap(train_one, in_axes=(None, 0, 0, None))
+    return jax.jit(jax.vmap(over_tasks, in_axes=(0, None, None, None)) if batched_args else over_tasks)
+
+
+def _in_sequence(train_one: Callable, batched_args: bool, tx_args, cfgs, keys, data):
+    """`make_task_trainer`'s runs through `lax.map`: every (setting, task) pair in turn."""
+    if not batched_args:
+        return jax.lax.map(lambda x: train_one(tx_args, x[0], x[1], data), (cfgs, keys))
+    num_args, num_tasks = jax.tree_util.tree_leaves(tx_args)[0].shape[0], keys.shape[0]
+    args = jax.tree_util.tree_map(lambda a: jnp.repeat(a, num_tasks, axis=0), tx_args)
+    tile = lambda c: jnp.tile(c, (num_args,) + (1,) * (c.ndim - 1))
+    out = jax.lax.map(lambda x: train_one(x[0], x[1], x[2], data),
+                      (args, jax.tree_util.tree_map(tile, cfgs), tile(keys)))
+    return jax.tree_util.tree_map(lambda o: o.reshape((num_args, num_tasks) + o.shape[1:]), out)
+
+
+def sample_cfgs(family: TaskFamily, key: jax.Array, num_tasks: int) -> Any:
+    """Draws `num_tasks` task cfgs of `family`, batched for `make_task_trainer`.
+
+    Args:
+      family: the task family to sample.
+      key: PRNG key; split into `num_tasks` keys, one per `family.sample` call.
+      num_tasks: how many cfgs to draw.
+
+    Returns:
+      the cfgs stacked along a leading axis: a pytree whose leaves are [num_tasks, ...].
+    """
+    return jax.vmap(family.sample)(jax.random.split(key, check_count(num_tasks, "sample_cfgs: num_tasks")))
+
+
+def task_draws(family: TaskFamily, seeds: Sequence[int]) -> tuple[Any, jax.Array]:
+    """The task cfgs and run keys of `seeds`, the same for every optimizer evaluated on them.
+
+    Seed s draws its cfg from `fold_in(key(s), 0)` and runs with `fold_in(key(s), 1)`, so every
+    optimizer sees the same tasks and initialisations, and a seed means the same draw in every
+    evaluation.
+
+    Args:
+      family: the task family.
+      seeds: one task draw and run key per seed.
+
+    Returns:
+      (cfgs batched over seeds, run keys [S]).
+    """
+    keys = [jax.random.key(s) for s in seeds]
+    cfgs = jax.vmap(family.sample)(jnp.stack([jax.random.fold_in(k, 0) for k in keys]))
+    return cfgs, jnp.stack([jax.random.fold_in(k, 1) for k in keys])
+
+
+def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, keys: jax.Array, num_steps: int, *,
+                 eval_split: str = "test") -> list[dict]:
+    """Trains the same T tasks with every optimizer setting: one compile per optimizer.
+
+    Every setting sees the same task draws and initialisations (`cfgs`, `keys`), so their
+    losses are comparable run by run.
+
+    Args:
+      family: the task family `cfgs` were drawn from.
+      settings: `(name, make_tx, [(learning_rate, tx_args), ...])` per optimizer; each name compiles
+        once with its tx_args traced. learning_rate is only a label: NaN where there is none, as
+        for a theta.
+      cfgs: T task cfgs (see `sample_cfgs`).
+      keys: run keys [T].
+      num_steps: inner training steps per task.
+      eval_split: the data split of the loss measured after training.
+
+    Returns:
+      `[{"optimizer": name, "learning_rate": float, "losses": [T, num_steps], "evals": [T]}]` (numpy),
+      one per grid point, in the order of `settings`. ValueError for an empty grid or num_steps < 1,
+      before anything runs.
+    """
+    check_count(num_steps, "run_settings: num_steps")
+    for name, _, grid in settings:
+        if not len(grid):
+            raise ValueError(f"run_settings: the grid of setting {name!r} is empty; give it at least one point")
+    runs = []
+    for name, make_tx, grid in settings:
+        trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split)
+        for lr, args in grid:
+            losses, evals = jax.device_get(trainer(args, cfgs, keys, family.data))
+            runs.append({"optimizer": name, "learning_rate": float(lr), "losses": np.asarray(losses),
+                         "evals": np.asarray(evals)})
+    return runs
+
+
+def run_fixed(family: TaskFamily, name: str, make_tx: MakeTx, tx_args: Any, cfgs: Any, keys: jax.Array,
+              num_steps: int, *, eval_split: str = "test", eval_batches: int = 8, sequential: bool = False) -> dict:
+    """Trains every seed with one optimizer setting (a learned optimizer's theta): one program.
+
+    The untuned counterpart of `tune_learning_rate`: the run of an optimizer that is not tuned
+    (a learned optimizer, told its horizon through `make_tx`).
+
+    Args:
+      family: the task family `cfgs` were drawn from.
+      name: the optimizer's name in the run.
+      make_tx: tx_args -> the optax transform.
+      tx_args: its argument (traced), e.g. theta.
+      cfgs: S task cfgs.
+      keys: S run keys.
+      num_steps: training steps per run.
+      eval_split: the data split of the held-out loss after training.
+      eval_batches: batches averaged for that loss.
+      sequential: run the seeds one after another in the program (`make_task_trainer`).
+
+    Returns:
+      `{"optimizer": name, "learning_rate": nan, "losses" [S, num_steps], "evals" [S]}` (float64).
+    """
+    trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split, eval_batches=eval_batches,
+                                sequential=sequential)
+    losses, evals = jax.device_get(trainer(tx_args, cfgs, keys, family.data))
+    return {"optimizer": name, "learning_rate": float("nan"), "losses": np.asarray(losses, np.float64),
+            "evals": np.asarray(evals, np.float64)}

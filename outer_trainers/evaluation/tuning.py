@@ -1,0 +1,224 @@
+"""Baselines tuned per task: the hand-designed optimizers, their learning-rate grids, and the tuning rule.
+
+A baseline (`baseline`: Adam, AdamW, SGD with momentum) is trained at every learning rate of a
+log-spaced grid (`default_lrs`: 7 rates half a decade apart) for every seed, all A rates x S seeds
+in one vmapped, jitted program (`tune_learning_rate`). The best rate is `best_runs`'s: the lowest
+median over seeds of the final train loss (`scores.final_loss`), a rate with a diverged seed
+losing::
+
+    score(lr) = median_seeds f(lr)   if every seed of lr is finite, else inf
+    best      = argmin_lr score(lr)   (ties: the earlier rate)
+
+While the best rate is the grid's smallest or largest, `extend_by` more rates are added past that
+edge at the grid's spacing r = (lr_max / lr_min) ** (1 / (A - 1)) (at most `max_extensions`
+times); a best rate still on an edge after that is reported (`grid_edge`). Test data never enters
+tuning: the rule reads train losses only.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from outer_trainers.evaluation.scores import final_loss
+from outer_trainers.evaluation.task_trainer import MakeTx, make_task_trainer
+from tasks.base import TaskFamily
+
+_GRIDS = {"adam": (1e-4, 1e-1), "adamw": (1e-4, 1e-1), "sgdm": (1e-3, 1.0)}
+
+
+def baseline_names() -> list[str]:
+    """The hand-designed baselines `baseline` builds: "adam", "adamw", "sgdm".
+
+    Returns:
+      the names.
+    """
+    return list(_GRIDS)
+
+
+def baseline(name: str, *, momentum: float = 0.9, weight_decay: float = 1e-2) -> MakeTx:
+    """The optimizer of a baseline as a function of its (traced) learning rate.
+
+    Args:
+      name: "adam" (optax.adam), "adamw" (optax.adamw with `weight_decay`) or "sgdm" (optax.sgd
+        with `momentum`).
+      momentum: SGD's momentum.
+      weight_decay: AdamW's decoupled weight decay.
+
+    Returns:
+      `lr -> optax transform`.
+
+    Raises:
+      ValueError: an unknown name (the message lists the baselines).
+    """
+    if name == "adam":
+        return optax.adam
+    if name == "adamw":
+        return lambda lr: optax.adamw(lr, weight_decay=weight_decay)
+    if name == "sgdm":
+        return lambda lr: optax.sgd(lr, momentum=momentum)
+    raise ValueError(f"unknown baseline {name!r}; the baselines are {baseline_names()}")
+
+
+def default_lrs(name: str, num: int = 7) -> tuple[float, ...]:
+    """A baseline's starting grid: `num` log-spaced rates (half a decade apart for 7), 1e-4..1e-1 for
+    Adam and AdamW, 1e-3..1 for SGD with momentum.
+
+    lr_i = lo * (hi / lo) ** (i / (num - 1)), i = 0 .. num - 1.
+
+    Args:
+      name: a baseline name.
+      num: the number of rates (>= 2).
+
+    Returns:
+      the rates, ascending.
+    """
+    if name not in _GRIDS:
+        raise ValueError(f"unknown baseline {name!r}; the baselines are {baseline_names()}")
+    lo, hi = _GRIDS[name]
+    return tuple(float(x) for x in np.logspace(np.log10(lo), np.log10(hi), num))
+
+
+def check_learning_rates(lrs: Sequence[float], what: str) -> list[float]:
+    """The grid as floats, or ValueError naming `what` unless it is non-empty and every rate is finite and > 0.
+
+    Args:
+      lrs: the learning rates.
+      what: the argument's name for the message, e.g. "evaluate: adam_lrs".
+
+    Returns:
+      the learning rates as a list of floats.
+    """
+    try:
+        rates = [float(lr) for lr in lrs]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{what} must be a sequence of learning rates, got {lrs!r} ({e})") from None
+    if not rates or not all(np.isfinite(lr) and lr > 0 for lr in rates):
+        raise ValueError(f"{what} must hold at least one learning rate, each finite and > 0, got {lrs!r}")
+    return rates
+
+
+def lr_grid(lrs: Sequence[float]) -> list[tuple[float, jax.Array]]:
+    """A learning-rate grid as `run_settings` takes it, for make_tx = lr -> optimizer.
+
+    Args:
+      lrs: the learning rates, at least one, each finite and > 0.
+
+    Returns:
+      `[(lr, lr as a float32 scalar array)]`: the label and the traced tx_args of each point.
+    """
+    return [(lr, jnp.asarray(lr, jnp.float32)) for lr in check_learning_rates(lrs, "lr_grid")]
+
+
+def _tuning_score(losses) -> float:
+    """Median over runs of the final train loss; inf if any run is non-finite."""
+    finals = final_loss(losses)
+    return float(np.median(finals)) if np.all(np.isfinite(finals)) else float("inf")
+
+
+def best_runs(runs: Sequence[dict]) -> dict[str, dict]:
+    """Each optimizer's best setting: the rule that tunes a baseline's learning rate.
+
+    A setting's score is the median, over its runs (tasks or seeds), of the final train loss
+    (`final_loss`: mean of the last 10% of steps); a setting with any non-finite (diverged) run
+    loses. Lowest score wins; ties go to the earlier setting. The median keeps one hard task
+    draw from deciding the grid point; the train loss keeps test data out of tuning.
+    No winner is named silently: when every setting of an optimizer diverged, its entry is
+    its first setting marked `"diverged": True` (a copy; reports must say so).
+
+    Args:
+      runs: `run_settings` output: dicts with "optimizer" and "losses" [runs, num_steps].
+
+    Returns:
+      `{optimizer name: its best run}`, in the order the names first appear in `runs`; a run
+      of an optimizer whose every setting diverged has `"diverged": True`.
+    """
+    best, scores = {}, {}
+    for r in runs:
+        name, score = r["optimizer"], _tuning_score(r["losses"])
+        if name not in best or score < scores[name]:
+            best[name], scores[name] = r, score
+    return {name: r if np.isfinite(scores[name]) else {**r, "diverged": True} for name, r in best.items()}
+
+
+def grid_edge(runs: Sequence[dict], name: str) -> Optional[str]:
+    """Whether `name`'s best rate among `runs` is on the edge of the rates tried.
+
+    Args:
+      runs: run dicts ("optimizer", "learning_rate", "losses"), e.g. `tune_learning_rate`'s.
+      name: the optimizer whose rates are looked at.
+
+    Returns:
+      "low" or "high" when the best rate is the smallest or largest tried (every rate diverged
+      counts as "low": smaller rates are where to look), else None (also for a single rate).
+    """
+    own = [r for r in runs if r["optimizer"] == name]
+    lrs = sorted(r["learning_rate"] for r in own)
+    best = best_runs(own)[name]
+    if best.get("diverged"):
+        return "low"
+    if len(lrs) < 2:
+        return None
+    return "low" if best["learning_rate"] == lrs[0] else "high" if best["learning_rate"] == lrs[-1] else None
+
+
+def _to_runs(name: str, lrs: Sequence[float], losses, evals) -> list[dict]:
+    """Run dicts (float64) of a batched trainer's outputs [A, S, ...], one per rate of `lrs`."""
+    losses, evals = np.asarray(losses, np.float64), np.asarray(evals, np.float64)
+    return [{"optimizer": name, "learning_rate": float(lr), "losses": losses[i], "evals": evals[i]}
+            for i, lr in enumerate(lrs)]
+
+
+def tune_learning_rate(family: TaskFamily, name: str, make_tx: MakeTx, lrs: Sequence[float], cfgs: Any,
+                       keys: jax.Array, num_steps: int, *, eval_split: str = "test", eval_batches: int = 8,
+                       extend_by: int = 2, max_extensions: int = 4, sequential: bool = False) -> list[dict]:
+    """Trains every seed at every rate of a log-spaced grid, extending the grid while its best rate is on an edge.
+
+    Each extension adds lr_edge * r ** k (k = 1 .. extend_by) past the edge holding the best rate,
+    r the grid's spacing (its inverse at the low edge), as in the module docstring.
+
+    Args:
+      family: the task family `cfgs` were drawn from.
+      name: the optimizer's name in the runs.
+      make_tx: lr (a traced float32 scalar) -> the optax transform.
+      lrs: the starting grid (>= 2 rates to be extendable; its spacing is the geometric mean ratio
+        of neighbouring rates).
+      cfgs: S task cfgs (one per seed).
+      keys: S run keys.
+      num_steps: training steps per run.
+      eval_split: the data split of the held-out loss after training.
+      eval_batches: batches averaged for that loss.
+      extend_by: rates added past the edge per extension.
+      max_extensions: the most extensions (0: the grid as given).
+      sequential: run the rates and seeds one after another in the program (`make_task_trainer`).
+
+    Returns:
+      `[{"optimizer": name, "learning_rate", "losses" [S, num_steps], "evals" [S]}]` (float64),
+      one per rate tried, ascending in rate; `best_runs` picks the best, `grid_edge` says whether
+      it is still on an edge.
+    """
+    rates = sorted(check_learning_rates(lrs, f"tune_learning_rate({name}): lrs"))
+    trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split, eval_batches=eval_batches,
+                                batched_args=True, sequential=sequential)
+
+    def run(points):
+        out = jax.device_get(trainer(np.asarray(points, np.float32), cfgs, keys, family.data))
+        return _to_runs(name, points, *out)
+
+    runs = run(rates)
+    if len(rates) < 2:
+        return runs
+    step = (rates[-1] / rates[0]) ** (1.0 / (len(rates) - 1))
+    for _ in range(max_extensions):
+        edge = grid_edge(runs, name)
+        if edge is None:
+            break
+        tried = [r["learning_rate"] for r in runs]
+        start = min(tried) if edge == "low" else max(tried)
+        factor = 1.0 / step if edge == "low" else step
+        runs = sorted(runs + run([start * factor ** k for k in range(1, extend_by + 1)]),
+                      key=lambda r: r["learning_rate"])
+    return runs
