@@ -30,7 +30,7 @@ import optax
 
 import lopt
 from lopt.file_io import atomic_write_bytes
-from outer_trainers.runs.checkpoints import CheckpointPolicy
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 # importing gin_registry registers the public API with gin
 from outer_trainers.gin_registry import gin_bindings, load_config
 from outer_trainers.training.train_loop import TrainResult, run_to_end, train_loop

@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lopt.serialization import save_theta
-from outer_trainers.runs.checkpoints import CheckpointPolicy
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.distributed.cluster import connect_ray, import_ray, worker_runtime_env
 from outer_trainers.distributed.eval_worker import EvalClient
 from outer_trainers.distributed.learner_state import init_learner_state, particle_keys

@@ -10,7 +10,7 @@ Each Tune trial meta-trains its own theta with `outer_train` on `make_run(config
 rate, σ, truncation length, ... are whatever the factory reads). Every `perturbation_interval`
 outer steps it reports its metrics ("meta_loss": the mean over the interval, or the metrics of
 `make_evaluator(config)()` when given) and a `tune.Checkpoint`: a directory holding one lopt
-checkpoint file (outer_trainers.runs.checkpoints; checksummed msgpack, never pickle) with theta, the
+checkpoint file (outer_trainers.runs.checkpoint_files; checksummed msgpack, never pickle) with theta, the
 outer optimizer state, the key and the step. Ray Tune's `PopulationBasedTraining` scheduler does
 the rest: exploit restarts a weak trial from a strong trial's checkpoint, explore perturbs the
 copied hyper-parameters. A restored trial keeps theta, the outer optimizer state and the step and
@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from outer_trainers.runs.checkpoints import CheckpointManager
+from outer_trainers.runs.checkpoint_manager import CheckpointManager
 from outer_trainers.distributed.cluster import connect_ray, import_ray
 from outer_trainers.learner.outer_train import OuterTrainState, init_outer_state, outer_train
 

@@ -11,7 +11,7 @@ With `output_dir`:
 
     metrics.jsonl        one JSON object per logged step (the same scalars as TensorBoard)
     tb/                  TensorBoard event files (tensorboardX)
-    checkpoints/         full OuterTrainState checkpoints (see outer_trainers.runs.checkpoints)
+    checkpoints/         full OuterTrainState checkpoints (see outer_trainers.runs.checkpoint_manager)
     theta_final.msgpack  the final theta (load it with `lopt.load_theta`)
 
 Re-running with the same `output_dir` resumes from the newest readable checkpoint and trains
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from lopt.serialization import save_theta
-from outer_trainers.runs.checkpoints import CheckpointPolicy
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.estimators.estimator_schedule import EstimatorSchedule
 from outer_trainers.estimators.gradient_estimator import GradientEstimator
 from outer_trainers.validation import check_int, check_optional_int, check_weights

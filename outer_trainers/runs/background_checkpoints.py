@@ -11,7 +11,7 @@ As the big_vision loop does with its thread pool: `save` copies the state to hos
 atomic write (`CheckpointManager.save`) to one background thread, and returns. Writes happen in
 submission order; before a new step's write is queued, the previous step's is waited for, so at
 most one step's host copy is held beside the training state. Files, layout and policy are those
-of `outer_trainers.runs.checkpoints`; a kill mid-write leaves a `.tmp-*` file that is never read.
+of `outer_trainers.runs.checkpoint_manager`; a kill mid-write leaves a `.tmp-*` file that is never read.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from typing import Any, Optional, Sequence
 import jax
 import numpy as np
 
-from outer_trainers.runs.checkpoints import CheckpointManager, CheckpointPolicy
+from outer_trainers.runs.checkpoint_manager import CheckpointManager
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 
 
 def host_copy(state: Any) -> Any:

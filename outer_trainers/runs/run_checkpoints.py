@@ -6,7 +6,7 @@
     run.save(step, state, totals, logged_metrics, final=step == num_steps)
 
 Checkpoints are written under `output_dir/checkpoints` (files and policy: see
-outer_trainers.runs.checkpoints). Each carries the run's metadata — what a checkpoint must match to
+outer_trainers.runs.checkpoint_manager). Each carries the run's metadata — what a checkpoint must match to
 be resumed: the learned optimizer's architecture and config, the estimators and the caller's
 config — and the run's RunTotals. With `output_dir=None` there are none: `restore_or_init`
 initialises and `save` does nothing. Nothing here runs a loop, so a learner fed by remote
@@ -33,8 +33,10 @@ import jax
 import numpy as np
 
 import lopt
-from outer_trainers.runs.checkpoints import (CheckpointManager, CheckpointPolicy, UnreadableCheckpointsError, check_meta,
-                                        read)
+from outer_trainers.runs.checkpoint_files import check_meta, read
+from outer_trainers.runs.checkpoint_manager import CheckpointManager
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
+from outer_trainers.runs.corrupt_checkpoints import UnreadableCheckpointsError
 from outer_trainers.runs.reporting import RunTotals
 from outer_trainers.runs.summaries import METRICS_FILE, TB_DIR
 
@@ -55,7 +57,7 @@ def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
 
     For evaluating a run's intermediate checkpoints (`scripts/evaluate.py --optimizer
     RUN/checkpoints/ckpt_00001000.msgpack`) or saving one with `lopt.save_theta`. The checksum is
-    verified first (`checkpoints.read`).
+    verified first (`checkpoint_files.read`).
 
     Args:
         path: a checkpoint file written by `outer_train` or `ray_outer_train` (format v1 or v2).
@@ -65,7 +67,7 @@ def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
         in its `theta_spec` structure).
 
     Raises:
-        ValueError: the file is unreadable or fails its checksum (`checkpoints.CorruptCheckpointError`,
+        ValueError: the file is unreadable or fails its checksum (`checkpoint_files.CorruptCheckpointError`,
             a ValueError), records no learned optimizer, or holds a theta that does not match the
             recorded architecture's structure and shapes.
     """

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import jax
 
-from outer_trainers.runs.checkpoints import structure_of
+from outer_trainers.runs.checkpoint_files import structure_of
 from outer_trainers.training.train_state import Metric, as_task, mean_over_batches
 from tasks.base import Task, accuracy
 from tasks.conv import ConvTask

@@ -21,7 +21,7 @@ exact step. With `output_dir`:
                     evaluation steps "eval/<label>/<metric>" (and "eval_ema/<label>/<metric>");
                     step 0 of a new run: "model/num_params", "model/param_bytes"
     tb/             the same scalars as TensorBoard events
-    checkpoints/    TrainState + the loss, grad-norm and evaluation histories (outer_trainers.runs.checkpoints)
+    checkpoints/    TrainState + the loss, grad-norm and evaluation histories (outer_trainers.runs.checkpoint_manager)
 
 Re-running with the same `output_dir` resumes from the newest complete checkpoint: the result,
 EMA and evaluation history included, is bit-identical to an uninterrupted run. The pieces are the
@@ -43,7 +43,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from outer_trainers.runs.background_checkpoints import BackgroundCheckpointManager
-from outer_trainers.runs.checkpoints import CheckpointPolicy
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.reporting import RunTotals
 from outer_trainers.runs.run_checkpoints import CHECKPOINT_DIR, RunCheckpoints
 from outer_trainers.runs.summaries import METRICS_FILE, TB_DIR, MetricsLog, Progress

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import optax
 
-from outer_trainers.runs.checkpoints import CheckpointPolicy
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.training.train_loop import TrainResult, run_to_end, train_loop
 
 

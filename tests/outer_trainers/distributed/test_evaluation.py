@@ -6,7 +6,8 @@ import jax
 import numpy as np
 
 import outer_trainers as ot
-from outer_trainers.runs.checkpoints import CheckpointManager, read
+from outer_trainers.runs.checkpoint_files import read
+from outer_trainers.runs.checkpoint_manager import CheckpointManager
 from outer_trainers.distributed import ray_outer_train
 from outer_trainers.distributed.learner_state import init_learner_state
 from tests.outer_trainers.distributed.runs import quadratic_evaluator, quadratic_run

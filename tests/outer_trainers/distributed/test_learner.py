@@ -167,7 +167,7 @@ def test_resume_after_a_killed_learner(ray_local, tmp_path):
     assert adam_count and int(adam_count[0]) == 5  # the outer optimizer's state was restored, not re-initialised
     lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
     assert [l["step"] for l in lines] == [1, 2, 3, 4, 5]
-    from outer_trainers.runs.checkpoints import CheckpointManager
+    from outer_trainers.runs.checkpoint_manager import CheckpointManager
     assert max(s for s, _ in CheckpointManager(str(tmp_path / "checkpoints")).list("rolling")) == 5
     # a changed run is refused, and nothing on disk changes
     with pytest.raises(ValueError):

@@ -16,7 +16,7 @@ import numpy as np
 
 import lopt
 import outer_trainers as ot
-from outer_trainers.runs import checkpoints
+from outer_trainers.runs import checkpoint_files
 from tasks.base import Task, TaskFamily, single_task_family
 from tasks.quadratics import QuadraticTask
 
@@ -174,13 +174,13 @@ def assert_counts_every_step(est, theta) -> None:
 
 
 def assert_checkpoint_round_trip(est, theta, path) -> None:
-    """The state after one estimate, written with `checkpoints.to_bytes` and read back with
-    `checkpoints.restore`, gives the same next estimate (and state) bit for bit."""
+    """The state after one estimate, written with `checkpoint_files.to_bytes` and read back with
+    `checkpoint_files.restore`, gives the same next estimate (and state) bit for bit."""
     state = est.init_state(theta, jax.random.key(0))
     state, _ = est.estimate(theta, state, jax.random.key(1))
     with open(path, "wb") as f:
-        f.write(checkpoints.to_bytes(state, step=1))
-    restored, payload = checkpoints.restore(str(path), state)
+        f.write(checkpoint_files.to_bytes(state, step=1))
+    restored, payload = checkpoint_files.restore(str(path), state)
     assert payload["step"] == 1
     chex.assert_trees_all_equal(jax.device_get(restored), jax.device_get(state))
     chex.assert_trees_all_equal(est.estimate(theta, restored, jax.random.key(2)),

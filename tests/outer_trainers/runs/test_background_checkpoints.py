@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from outer_trainers.runs.background_checkpoints import BackgroundCheckpointManager, host_copy
-from outer_trainers.runs.checkpoints import CheckpointManager, CheckpointPolicy, restore
+from outer_trainers.runs.checkpoint_files import restore
+from outer_trainers.runs.checkpoint_manager import CheckpointManager
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 
 POLICY = CheckpointPolicy(every_steps=1, every_seconds=None, keep=2, checkpoints_at=(2,), best_metric="loss")
 

@@ -13,8 +13,8 @@ import pytest
 from flax import serialization
 
 import outer_trainers as ot
-from outer_trainers.runs import checkpoints as C
-from outer_trainers.runs.checkpoints import UnreadableCheckpointsError
+from outer_trainers.runs import checkpoint_files as C
+from outer_trainers.runs.corrupt_checkpoints import UnreadableCheckpointsError
 from outer_trainers.runs.run_checkpoints import ExistingRunError, RunCheckpoints
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

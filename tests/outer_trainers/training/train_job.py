@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 import tasks
-from outer_trainers.runs.checkpoints import CheckpointPolicy
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.training.train_loop import run_to_end, train_loop
 
 
