@@ -13,6 +13,7 @@ every `update` checks that the gradients have the params' tree and leaf shapes, 
 leaf that differs. Params: float32 or bfloat16 arrays (state float32, updates in each parameter's
 dtype, also inside `lax.scan`); a plain Python float leaf is read as a float32 0-d array, as
 `optax.apply_updates` does, and gets a float32 [] update.
+
 Hyper-parameters are declared once, as annotated class attributes with defaults, and every
 subclass becomes a frozen dataclass of them (as flax's `nn.Module` does):
 
@@ -30,7 +31,7 @@ read back from JSON is a tuple again. From the fields the base class derives `co
 JSON-able constructor arguments), equality and hashing by value (the class and the `config()`
 fields, never object identity: safe as static jit arguments and cache keys), `repr`, and through
 `config()` the theta files of `lopt.serialization`. A subclass that writes its own `__init__` is
-left a plain class and writes `config()` itself.
+left a plain class: it writes `config()` itself, and compares and hashes by its class and that.
 """
 from __future__ import annotations
 
@@ -270,12 +271,26 @@ class LearnedOptimizer:
 
 
 def architecture(name: str) -> type:
-    """The LearnedOptimizer subclass called `name` (for loading saved thetas)."""
+    """The LearnedOptimizer subclass registered under `name` (for rebuilding saved thetas).
+
+    Args:
+      name: a class name, as `LearnedOptimizer.name` gives it (e.g. "MLPLOpt").
+
+    Returns:
+      The class; `architecture(name)(**config)` rebuilds an optimizer from its `config()`.
+
+    Raises:
+      ValueError: no subclass of that name has been defined (imported); the message lists the known ones.
+    """
     if name not in _ARCHITECTURES:
         raise ValueError(f"unknown learned-optimizer architecture {name!r}; known: {sorted(_ARCHITECTURES)}")
     return _ARCHITECTURES[name]
 
 
 def architectures() -> list[str]:
-    """The names of all registered LearnedOptimizer subclasses, sorted."""
+    """The names of all registered LearnedOptimizer subclasses.
+
+    Returns:
+      The class names, sorted.
+    """
     return sorted(_ARCHITECTURES)

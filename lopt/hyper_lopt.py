@@ -18,7 +18,7 @@ VeLO itself used a much larger LSTM and ran ES for ~4000 TPU-months.
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -66,24 +66,20 @@ class HyperLOpt(LearnedOptimizer):
       timescales: τ of the step embedding tanh(t/τ − 1).
     """
 
-    def __init__(self, lstm_hidden: int = 16, mlp_hidden: int = 4, mlp_layers: int = 1,
-                 momentum_decays: Sequence[float] = (0.9, 0.99, 0.999), rms_decay: float = 0.999,
-                 adafactor_decays: Sequence[float] = (0.9, 0.99, 0.999), gen_scale: float = 0.1,
-                 step_mult: float = 1e-3, exp_mult: float = 1e-3, timescales: Sequence[float] = ft.TIMESCALES):
-        if min(lstm_hidden, mlp_hidden, mlp_layers) < 1:
-            raise ValueError("HyperLOpt needs positive sizes")
-        self.lstm_hidden, self.mlp_hidden, self.mlp_layers = int(lstm_hidden), int(mlp_hidden), int(mlp_layers)
-        self.momentum_decays = tuple(float(d) for d in momentum_decays)
-        self.rms_decay = float(rms_decay)
-        self.adafactor_decays = tuple(float(d) for d in adafactor_decays)
-        self.gen_scale, self.step_mult, self.exp_mult = float(gen_scale), float(step_mult), float(exp_mult)
-        self.timescales = tuple(float(t) for t in timescales)
+    lstm_hidden: int = 16
+    mlp_hidden: int = 4
+    mlp_layers: int = 1
+    momentum_decays: tuple[float, ...] = (0.9, 0.99, 0.999)
+    rms_decay: float = 0.999
+    adafactor_decays: tuple[float, ...] = (0.9, 0.99, 0.999)
+    gen_scale: float = 0.1
+    step_mult: float = 1e-3
+    exp_mult: float = 1e-3
+    timescales: tuple[float, ...] = ft.TIMESCALES
 
-    def config(self) -> dict:
-        return dict(lstm_hidden=self.lstm_hidden, mlp_hidden=self.mlp_hidden, mlp_layers=self.mlp_layers,
-                    momentum_decays=list(self.momentum_decays), rms_decay=self.rms_decay,
-                    adafactor_decays=list(self.adafactor_decays), gen_scale=self.gen_scale,
-                    step_mult=self.step_mult, exp_mult=self.exp_mult, timescales=list(self.timescales))
+    def check_config(self) -> None:
+        if min(self.lstm_hidden, self.mlp_hidden, self.mlp_layers) < 1:
+            raise ValueError("HyperLOpt needs positive sizes")
 
     @property
     def num_features(self) -> int:

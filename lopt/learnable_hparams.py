@@ -66,11 +66,7 @@ class LearnableSGD(LearnedOptimizer):
       learning_rate: the initial learning rate (theta's default: log of it).
     """
 
-    def __init__(self, learning_rate: float = 1e-2):
-        self.learning_rate = float(learning_rate)
-
-    def config(self) -> dict:
-        return {"learning_rate": self.learning_rate}
+    learning_rate: float = 1e-2
 
     def init(self, key: jax.Array) -> dict:
         del key
@@ -91,12 +87,8 @@ class LearnableSGDM(LearnedOptimizer):
       momentum: the initial momentum μ, in (0, 1).
     """
 
-    def __init__(self, learning_rate: float = 1e-2, momentum: float = 0.9):
-        self.learning_rate = float(learning_rate)
-        self.momentum = float(momentum)
-
-    def config(self) -> dict:
-        return {"learning_rate": self.learning_rate, "momentum": self.momentum}
+    learning_rate: float = 1e-2
+    momentum: float = 0.9
 
     def init(self, key: jax.Array) -> dict:
         del key
@@ -121,11 +113,10 @@ class LearnableAdam(LearnedOptimizer):
       eps: the initial ε (> 0).
     """
 
-    def __init__(self, learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8):
-        self.learning_rate, self.b1, self.b2, self.eps = float(learning_rate), float(b1), float(b2), float(eps)
-
-    def config(self) -> dict:
-        return {"learning_rate": self.learning_rate, "b1": self.b1, "b2": self.b2, "eps": self.eps}
+    learning_rate: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
 
     def init(self, key: jax.Array) -> dict:
         del key

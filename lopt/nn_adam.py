@@ -17,7 +17,7 @@ With o = 0 this is exactly Adam(lr, β1, β2, ε). `loss=` is optional (loss fea
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -69,16 +69,13 @@ class NNAdam(LearnedOptimizer):
       timescales: τ of the step embedding tanh(t/τ − 1).
     """
 
-    def __init__(self, lstm_hidden: int = 16, learning_rate: float = 1e-3, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-8, output_scale: float = 0.01, timescales: Sequence[float] = ft.TIMESCALES):
-        self.lstm_hidden = int(lstm_hidden)
-        self.learning_rate, self.b1, self.b2, self.eps = float(learning_rate), float(b1), float(b2), float(eps)
-        self.output_scale = float(output_scale)
-        self.timescales = tuple(float(t) for t in timescales)
-
-    def config(self) -> dict:
-        return dict(lstm_hidden=self.lstm_hidden, learning_rate=self.learning_rate, b1=self.b1, b2=self.b2,
-                    eps=self.eps, output_scale=self.output_scale, timescales=list(self.timescales))
+    lstm_hidden: int = 16
+    learning_rate: float = 1e-3
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    output_scale: float = 0.01
+    timescales: tuple[float, ...] = ft.TIMESCALES
 
     @property
     def num_lstm_inputs(self) -> int:

@@ -24,7 +24,17 @@ FORMAT, VERSION = "lopt.theta", 1
 
 
 def save_theta(path: str, learned_opt: LearnedOptimizer, theta: Any) -> None:
-    """Saves theta with the architecture name and config of `learned_opt`."""
+    """Saves theta with the architecture name and `config()` of `learned_opt`, atomically.
+
+    Args:
+      path: the file to write (replaced if it exists).
+      learned_opt: the LearnedOptimizer theta belongs to.
+      theta: its meta-parameters (checked against `learned_opt.theta_spec()`).
+
+    Raises:
+      TypeError: `learned_opt` is not a LearnedOptimizer.
+      ValueError: theta does not have `learned_opt`'s structure and leaf shapes.
+    """
     if not isinstance(learned_opt, LearnedOptimizer):
         raise TypeError(f"save_theta needs a LearnedOptimizer, got {type(learned_opt).__name__}")
     learned_opt.check_theta(theta, "save_theta")
@@ -122,7 +132,15 @@ def load_learned_optimizer(path: str) -> tuple[LearnedOptimizer, Any]:
 
 
 def load_optimizer(path: str, *, num_steps: Optional[int] = None) -> optax.GradientTransformationExtraArgs:
-    """The saved learned optimizer as a ready optax transform."""
+    """The saved learned optimizer as a ready optax transform.
+
+    Args:
+      path: the theta file (`save_theta`); checked as by `load_theta`.
+      num_steps: the training horizon for the optimizer's progress features (None: unknown).
+
+    Returns:
+      `learned_opt.opt_fn(theta, num_steps=num_steps)` of the saved architecture and theta.
+    """
     learned_opt, theta = load_learned_optimizer(path)
     return learned_opt.opt_fn(theta, num_steps=num_steps)
 
