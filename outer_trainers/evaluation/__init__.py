@@ -1,12 +1,55 @@
-"""Evaluating optimizers: task trainers, learning-rate grids, and the evaluation protocol.
+"""Evaluating optimizers: task trainers, tuned baselines, the evaluation protocol, and its reports.
 
-`comparison` (a learned optimizer against a tuned baseline on sampled tasks), `protocol` (the
-fixed-suite protocol: baselines tuned per task, wins, IQMs, speedups, stability).
+One concept per module:
+
+- `task_trainer`: many sampled tasks trained with one optimizer in one jitted program
+  (`make_task_trainer`), the task draws, `run_settings` and `run_fixed`;
+- `tuning`: the baselines, their learning-rate grids and the tuning rule (`best_runs`,
+  `tune_learning_rate`);
+- `scores`: an optimizer's runs scored against a tuned baseline's (`compare_runs`, `iqm`,
+  `summarize`, `stability`);
+- `protocol`: the evaluation protocol's statement, re-exporting the functions of the three above;
+- `comparison`: a learned optimizer against tuned Adam on held-out draws (`compare_optimizers`,
+  the report of `scripts/outer_train.py`);
+- `optimizer_specs`: what an optimizer spec names (a baseline, pretrained:NAME, a theta or
+  checkpoint file), loaded and run;
+- `task_plan`: an evaluation's arguments checked and its tasks built before any work;
+- `suite_runs`: `evaluate`, the whole evaluation on a suite or a task list, and its five files;
+- `report`, `curves`: the Markdown, JSON and CSV results, and the curves (PNG, npz);
+- `stress_test`: the stability check past the meta-training horizon.
+
+`scripts/evaluate.py` is the command line of `evaluate` and `stress_test`.
 """
-from outer_trainers.evaluation.comparison import compare_optimizers, format_comparison
-from outer_trainers.evaluation.task_trainer import make_task_trainer, run_settings
-from outer_trainers.evaluation.tuning import best_runs, lr_grid
 from outer_trainers.evaluation import protocol
+from outer_trainers.evaluation.comparison import compare_optimizers, format_comparison
+from outer_trainers.evaluation.curves import plot_curves, save_curves
+from outer_trainers.evaluation.optimizer_specs import optimizer_labels, resolve_optimizer, run_learned
+from outer_trainers.evaluation.report import (comparison_tables, format_number, json_safe, lr_label, markdown_table,
+                                              results_json, results_markdown, write_csv, write_json, write_text)
+from outer_trainers.evaluation.scores import (compare_runs, diverged, final_loss, iqm, smoothed, stability,
+                                              steps_to_reach, summarize)
+from outer_trainers.evaluation.stress_test import STRESS_FILES, stress_test
+from outer_trainers.evaluation.suite_runs import RESULT_FILES, evaluate, run_task, runs_in_sequence
+from outer_trainers.evaluation.task_plan import PlannedTask, check_arguments
+from outer_trainers.evaluation.task_trainer import (make_task_trainer, run_fixed, run_settings, sample_cfgs,
+                                                    task_draws)
+from outer_trainers.evaluation.tuning import (baseline, baseline_names, best_runs, check_learning_rates, default_lrs,
+                                              grid_edge, lr_grid, tune_learning_rate)
 
-__all__ = ["best_runs", "compare_optimizers", "format_comparison", "lr_grid", "make_task_trainer", "run_settings",
-           "protocol"]
+__all__ = [
+    # task_trainer
+    "make_task_trainer", "sample_cfgs", "task_draws", "run_settings", "run_fixed",
+    # tuning
+    "baseline", "baseline_names", "default_lrs", "check_learning_rates", "lr_grid", "best_runs", "grid_edge",
+    "tune_learning_rate",
+    # scores
+    "final_loss", "smoothed", "steps_to_reach", "diverged", "stability", "compare_runs", "iqm", "summarize",
+    # the protocol's module, comparison
+    "protocol", "compare_optimizers", "format_comparison",
+    # evaluating optimizers on suites
+    "resolve_optimizer", "optimizer_labels", "run_learned", "PlannedTask", "check_arguments", "run_task",
+    "runs_in_sequence", "evaluate", "RESULT_FILES", "stress_test", "STRESS_FILES",
+    # reports
+    "format_number", "lr_label", "markdown_table", "comparison_tables", "results_markdown", "json_safe",
+    "results_json", "write_json", "write_text", "write_csv", "plot_curves", "save_curves",
+]

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 import lopt
+from outer_trainers import evaluation
+from outer_trainers.evaluation import suite_runs
 
 
 @pytest.fixture
@@ -138,7 +140,7 @@ def test_a_suite_task_without_its_data_is_named_before_any_work(evaluate_script,
     monkeypatch.setattr(registry, "_CACHE", {})
     mnist = [t for t in suites.get("heldout-cpu-mnist") if t.dataset == "mnist_14"][0]
     monkeypatch.setitem(suites._SUITES, "only-mnist", (mnist,))
-    monkeypatch.setattr(evaluate_script, "run_task", lambda *a, **k: pytest.fail("trained despite missing data"))
+    monkeypatch.setattr(suite_runs, "run_task", lambda *a, **k: pytest.fail("trained despite missing data"))
     if os.path.isdir("/usr/share/datasets/mnist"):
         pytest.skip("MNIST files are installed system-wide here, so they cannot be missing")
     with pytest.raises(ValueError, match=rf"suite 'only-mnist' task {mnist.name}: its data is missing: dataset 'mnist'"):
@@ -172,7 +174,7 @@ def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_
     lo = lopt.LearnableSGD(0.1)
     theta_path = str(tmp_path / "theta.msgpack")
     lopt.save_theta(theta_path, lo, lo.init(jax.random.key(0)))
-    monkeypatch.setattr(evaluate_script, "run_task", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    monkeypatch.setattr(suite_runs, "run_task", lambda *a, **k: pytest.fail("trained despite a bad argument"))
     (tmp_path / "garbage.msgpack").write_bytes(b"not a theta file")
     out = tmp_path / "eval"
     args = ["--theta", theta_path, "--task", "ImageMLPFamily(hidden_sizes=(4,))", "--output_dir", str(out)]
@@ -182,7 +184,7 @@ def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_
 
 
 def test_no_tasks_no_optimizer_an_unknown_suite_or_a_file_as_output_dir_is_refused(evaluate_script, tmp_path):
-    check = lambda out, opts, suite, tasks: evaluate_script.check_arguments(
+    check = lambda out, opts, suite, tasks: evaluation.check_arguments(
         out, opts, suite, tasks, 10, 1, ["adam"], {"adam": (1e-3,)}, 0.9, "test")
     with pytest.raises(ValueError, match=r"no tasks; give --suite NAME \(one of \[.*'smoke'"):
         check(str(tmp_path), ["adam"], None, [])
@@ -201,7 +203,7 @@ def test_table_marks_an_optimizer_whose_every_setting_diverged(evaluate_script):
                                    "evals": np.ones(2)}
     results = {"t": [run("learned", float("nan"), 1.0), run("adam", 1e-3, np.nan), run("adam", 1e-2, np.inf),
                       run("sgdm", 1e-2, 2.0)]}
-    table = evaluate_script.markdown_table(results, 10)
+    table = evaluation.markdown_table(results, 10)
     assert "| t | 10 | adam | 0.001 (every setting diverged) |" in table
     assert "| t | 10 | learned | — |" in table and "| t | 10 | sgdm | 0.01 |" in table
 
@@ -216,14 +218,14 @@ def test_curves_of_positive_losses_get_a_log_axis_with_a_positive_bottom(evaluat
     losses = np.exp(-np.linspace(0.0, 5.0, 20))[None, :] * np.array([[1.0], [2.0]])  # [seeds, steps] > 0
     runs = [{"optimizer": "learned", "learning_rate": float("nan"), "losses": losses, "evals": np.ones(2)},
             {"optimizer": "adam", "learning_rate": 0.01, "losses": 2 * losses, "evals": np.ones(2)}]
-    evaluate_script.plot_curves(str(tmp_path / "curves.png"), {"quadratic": runs})
+    evaluation.plot_curves(str(tmp_path / "curves.png"), {"quadratic": runs})
     ax = figures[0].axes[0]
     assert ax.get_yscale() == "log"
     bottom, top = ax.get_ylim()
     assert 0 < bottom < losses.min() and top == pytest.approx(10 * 2 * np.median(losses[:, 0]))
     saturated = losses.copy()
     saturated[:, -3:] = 0.0  # a cross-entropy that reached exactly 0 keeps the log axis (clipped)
-    evaluate_script.plot_curves(str(tmp_path / "zero.png"), {"q": [{**runs[0], "losses": saturated}]})
+    evaluation.plot_curves(str(tmp_path / "zero.png"), {"q": [{**runs[0], "losses": saturated}]})
     assert figures[1].axes[0].get_yscale() == "log" and figures[1].axes[0].get_ylim()[0] > 0
 
 

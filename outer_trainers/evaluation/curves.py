@@ -1,0 +1,70 @@
+"""The training curves of an evaluation: plotted (curves.png) and saved (curves.npz).
+
+    plot_curves("curves.png", results)   # per task, each optimizer and tuned baseline at its best rate
+    save_curves("curves.npz", results)   # every run's [seeds, steps] train losses
+
+`results` is `{task name: its run dicts}` (`suite_runs.run_task`). matplotlib is imported only
+when a plot is drawn (the Agg backend: no display needed).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from outer_trainers.evaluation.report import DIVERGED
+from outer_trainers.evaluation.tuning import best_runs
+
+
+def plot_curves(path: str, results: dict) -> None:
+    """Plots, per task, the train-loss curves of every optimizer and baseline at its best rate.
+
+    Each curve is the median over seeds with a min–max band; the y axis is clipped at 10× the
+    largest median starting loss (so diverging curves do not squash the others) and is
+    logarithmic when every finite run's losses are >= 0 (a loss of exactly 0, a saturated
+    cross-entropy, is clipped to the bottom). Up to 4 tasks per row.
+
+    Args:
+      path: the PNG file to write.
+      results: `{task name: run_task's runs}`.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = len(results)
+    cols = min(n, 4)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    for ax, (task, runs) in zip(axes.flat, results.items()):
+        for name, r in best_runs(runs).items():
+            losses = r["losses"]
+            steps = np.arange(1, losses.shape[1] + 1)
+            label = name if np.isnan(r["learning_rate"]) else f"{name} (lr={r['learning_rate']:.2g})"
+            label += DIVERGED if r.get("diverged") else ""
+            ax.plot(steps, np.median(losses, 0), label=label)
+            ax.fill_between(steps, np.min(losses, 0), np.max(losses, 0), alpha=0.2)
+        if all(np.all(np.asarray(r["losses"]) >= 0) for r in runs if np.all(np.isfinite(r["losses"]))):
+            ax.set_yscale("log", nonpositive="clip")  # before the limit below, which a linear axis would set below 0
+        starts = [np.median(r["losses"][:, 0]) for r in runs if np.all(np.isfinite(r["losses"][:, 0]))]
+        if starts and np.isfinite(max(starts)):  # keep diverging curves from squashing the others
+            ax.set_ylim(top=max(10 * max(starts), 1e-12) if max(starts) > 0 else None)
+        ax.set_title(task)
+        ax.set_xlabel("step")
+        ax.set_ylabel("train loss")
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def save_curves(path: str, results: dict) -> None:
+    """Saves every run's train losses to an .npz file.
+
+    Args:
+      path: the .npz file to write.
+      results: `{task name: run_task's runs}`; each run is stored under
+        "TASK/OPTIMIZER/LEARNING_RATE" (the rate formatted with 6 significant digits, "nan" for a
+        learned optimizer) as its [seeds, steps] losses.
+    """
+    np.savez(path, **{f"{t}/{r['optimizer']}/{r['learning_rate']:.6g}": r["losses"] for t, runs in results.items()
+                      for r in runs})

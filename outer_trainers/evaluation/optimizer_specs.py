@@ -1,0 +1,122 @@
+"""The optimizers under evaluation: what an optimizer spec names, loaded, labelled and run.
+
+    opts = [resolve_optimizer(s, label) for s, label in zip(specs, optimizer_labels(specs))]
+    run = run_learned(opts[0], family, num_steps, cfgs, run_keys, eval_split="test", sequential=False)
+
+A spec is a baseline name (`tuning.baseline_names()`: tuned like a baseline), "pretrained:NAME"
+(`lopt.pretrained.load(NAME, num_steps=...)`), a theta file (`lopt.save_theta`) or a checkpoint
+file of an `outer_train` run (`outer_trainers.theta_from_checkpoint`). A learned optimizer is told
+each task's step budget as its horizon and is never tuned.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+
+import lopt
+from outer_trainers.evaluation.task_trainer import run_fixed
+from outer_trainers.evaluation.tuning import baseline_names
+from outer_trainers.runs import theta_from_checkpoint
+from tasks.base import TaskFamily
+
+PRETRAINED = "pretrained:"
+
+
+def resolve_optimizer(spec: str, label: str) -> dict:
+    """What an optimizer spec names, loaded and checked.
+
+    Args:
+      spec: a baseline name, "pretrained:NAME", a theta file path or an outer_train checkpoint file.
+      label: the optimizer's name in the results.
+
+    Returns:
+      `{"label", "spec", "kind": "baseline" | "pretrained" | "theta", ...}` with the learned
+      optimizer and theta for a theta file ("learned_opt", "theta"), the pretrained name and the
+      `lopt.pretrained` module for "pretrained:" ("name", "module").
+
+    Raises:
+      ValueError: an unknown pretrained name (or lopt.pretrained without `load`), or an unreadable theta file.
+    """
+    if spec in baseline_names():
+        return {"label": label, "spec": spec, "kind": "baseline"}
+    if spec.startswith(PRETRAINED):
+        name = spec[len(PRETRAINED):]
+        try:
+            from lopt import pretrained
+        except ImportError as e:
+            raise ValueError(f"evaluate: --optimizer {spec}: lopt.pretrained cannot be imported ({e})") from None
+        if not (hasattr(pretrained, "load") and hasattr(pretrained, "names")):
+            raise ValueError(f"evaluate: --optimizer {spec}: this lopt ships no pretrained optimizers yet "
+                             f"(lopt.pretrained has no load/names)")
+        if name not in pretrained.names():
+            raise ValueError(f"evaluate: --optimizer {spec}: no pretrained optimizer named {name!r}; "
+                             f"lopt.pretrained.names() = {list(pretrained.names())}")
+        return {"label": label, "spec": spec, "kind": "pretrained", "name": name, "module": pretrained}
+    if not os.path.isfile(spec):
+        raise ValueError(f"evaluate: --optimizer {spec!r} is neither a baseline ({', '.join(baseline_names())}), "
+                         f"nor pretrained:NAME, nor an existing theta or checkpoint file")
+    try:
+        learned_opt, theta = lopt.load_learned_optimizer(spec)
+    except Exception as theta_error:  # not a theta file: an outer_train checkpoint?
+        try:
+            learned_opt, theta = theta_from_checkpoint(spec)
+        except Exception as ckpt_error:
+            raise ValueError(f"evaluate: --optimizer {spec}: neither a theta file ({theta_error}) nor an outer_train "
+                             f"checkpoint ({ckpt_error})") from None
+    return {"label": label, "spec": spec, "kind": "theta", "learned_opt": learned_opt, "theta": theta}
+
+
+def optimizer_labels(specs: Sequence[str]) -> list[str]:
+    """The names of the optimizers in the results, one per spec.
+
+    A baseline keeps its name, "pretrained:NAME" too; a single theta or checkpoint file is
+    "learned", several are their file stems; a name taken already gets "_i" appended (i its index).
+
+    Args:
+      specs: the optimizer specs, in order.
+
+    Returns:
+      the labels, unique, in the order of `specs`.
+    """
+    files = [s for s in specs if s not in baseline_names() and not s.startswith(PRETRAINED)]
+    labels = []
+    for s in specs:
+        if s in files:
+            label = "learned" if len(files) == 1 else os.path.splitext(os.path.basename(s))[0]
+        else:
+            label = s
+        labels.append(label if label not in labels else f"{label}_{len(labels)}")
+    return labels
+
+
+def run_learned(opt: dict, family: TaskFamily, num_steps: int, cfgs: Any, run_keys: jax.Array, *,
+                eval_split: str, sequential: bool) -> dict:
+    """Trains every seed with a learned optimizer (a theta file or a pretrained one), told `num_steps`.
+
+    The optimizer is `learned_opt.opt_fn(theta, num_steps=num_steps)` for a theta file and
+    `lopt.pretrained.load(name, num_steps=num_steps)` for a pretrained one: the horizon a user
+    would give it for a run of `num_steps` steps.
+
+    Args:
+      opt: a `resolve_optimizer` result of kind "theta" or "pretrained".
+      family: the task family `cfgs` were drawn from.
+      num_steps: training steps per run, also the optimizer's horizon.
+      cfgs: S task cfgs.
+      run_keys: S run keys.
+      eval_split: the data split of the held-out loss after training.
+      sequential: run the seeds one after another in the program.
+
+    Returns:
+      `run_fixed`'s run dict, named `opt["label"]`.
+    """
+    common = dict(eval_split=eval_split, sequential=sequential)
+    if opt["kind"] == "theta":
+        lo = opt["learned_opt"]
+        return run_fixed(family, opt["label"], lambda th: lo.opt_fn(th, num_steps=num_steps), opt["theta"],
+                         cfgs, run_keys, num_steps, **common)
+    load = opt["module"].load
+    return run_fixed(family, opt["label"], lambda _: load(opt["name"], num_steps=num_steps),
+                     jnp.zeros(()), cfgs, run_keys, num_steps, **common)

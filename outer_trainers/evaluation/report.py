@@ -1,0 +1,246 @@
+"""The written results of an evaluation: Markdown tables, strict JSON and CSV.
+
+    text = results_markdown(title, comparisons, summary, results, steps, seconds, cpu_seconds)   # results.md
+    doc = results_json(results, info, comparisons, summary, meta)                                # results.json
+    write_csv(path, results, info)                                                               # results.csv
+
+`results` is `{task name: its run dicts}` (`suite_runs.run_task`), `comparisons` is `{"OPT vs
+BASELINE": {task: scores.compare_runs(...)}}` and `summary` is `{pair: scores.summarize(...)}`.
+A baseline is shown at its best learning rate (`tuning.best_runs`), marked when every rate
+diverged or when the best rate is still on the grid's edge; a diverged run is written as
+"diverged" (Markdown) or null next to its flag (JSON), never as a number.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from typing import Any, Optional
+
+import numpy as np
+
+from lopt.file_io import atomic_write_bytes
+from outer_trainers.evaluation.scores import final_loss
+from outer_trainers.evaluation.tuning import best_runs, grid_edge
+
+DIVERGED = " (every setting diverged)"  # marks a best_runs entry that won only because all diverged
+
+
+def format_number(x: Any, fmt: str = ".3g") -> str:
+    """A number as the tables show it: "—" for None, "inf", "-inf" or "nan" when not finite.
+
+    Args:
+      x: a number or None.
+      fmt: the format spec of a finite number.
+
+    Returns:
+      the text.
+    """
+    if x is None:
+        return "—"
+    if isinstance(x, float) and not math.isfinite(x):
+        return "inf" if x > 0 else "-inf" if x < 0 else "nan"
+    return format(x, fmt)
+
+
+def lr_label(run: dict, edge: Optional[str] = None) -> str:
+    """How a best run's learning rate is reported: "—" for a learned optimizer, `DIVERGED` added
+    when `best_runs` found no setting that did not diverge, "(low/high edge)" when the best rate
+    is still on the edge of the (extended) grid.
+
+    Args:
+      run: a `best_runs` entry.
+      edge: `grid_edge` of its optimizer's runs.
+
+    Returns:
+      e.g. "0.001", "—", "0.0001 (every setting diverged)", "1 (high edge)".
+    """
+    lr = "—" if np.isnan(run["learning_rate"]) else f"{run['learning_rate']:.3g}"
+    if run.get("diverged"):
+        return lr + DIVERGED
+    return lr + (f" ({edge} edge)" if edge and not np.isnan(run["learning_rate"]) else "")
+
+
+def markdown_table(results: dict, num_steps: Any) -> str:
+    """A Markdown table of each task's optimizers and best-tuned baselines (`best_runs`).
+
+    Args:
+      results: `{task name: run_task's runs}`.
+      num_steps: the steps of the runs: an int, or {task name: steps}.
+
+    Returns:
+      a caption and the table: per task and optimizer, the best lr (`lr_label`) and the final
+      train loss (median [min, max] over seeds) and median eval loss.
+    """
+    steps = num_steps if isinstance(num_steps, dict) else {t: num_steps for t in results}
+    lines = ["| task | steps | optimizer | best lr | final train loss, median [min, max] over seeds | "
+             "eval loss (median) |", "|---|---|---|---|---|---|"]
+    for task, runs in results.items():
+        for name, r in best_runs(runs).items():
+            fin = final_loss(r["losses"])
+            edge = grid_edge(runs, name) if len([x for x in runs if x["optimizer"] == name]) > 1 else None
+            lines.append(f"| {task} | {steps[task]} | {name} | {lr_label(r, edge)} | {np.median(fin):.4g} "
+                         f"[{np.min(fin):.4g}, {np.max(fin):.4g}] | {np.median(r['evals']):.4g} |")
+    caption = (f"Final losses after {num_steps} steps" if not isinstance(num_steps, dict) else
+               "Final losses after each task's step budget")
+    return f"{caption}; baselines at their best learning rate.\n\n" + "\n".join(lines)
+
+
+def comparison_tables(comparisons: dict, summary: dict) -> str:
+    """The summary table (one row per optimizer-vs-baseline pair) and a per-task table per pair.
+
+    Args:
+      comparisons: `{pair: {task: compare_runs(...)}}`, pair = "OPT vs BASELINE".
+      summary: `{pair: summarize(...)}`.
+
+    Returns:
+      Markdown: wins per metric, IQMs of the loss ratios and speedups, diverged tasks; then, per
+      pair, each task's final train and held-out losses, ratios, the step at which the optimizer
+      reaches the baseline's final train loss and the speedup ("diverged" for a diverged run).
+    """
+    num = format_number
+    lines = ["| optimizer vs tuned baseline | tasks | wins: final train loss | wins: held-out loss | "
+             "wins: time to reach | IQM train-loss ratio | IQM held-out-loss ratio | IQM speedup | diverged on |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for pair, s in summary.items():
+        n = s["num_tasks"]
+        lines.append(f"| {pair} | {n} | {s['wins_train']}/{n} | {s['wins_eval']}/{n} | {s['wins_speed']}/{n} | "
+                     f"{num(s['iqm_ratio_train'])} | {num(s['iqm_ratio_eval'])} | {num(s['iqm_speedup'])} | "
+                     f"{', '.join(s['diverged']) or 'none'} |")
+    for pair, per_task in comparisons.items():
+        opt, base = pair.split(" vs ")
+        lines += ["", f"**{pair}** (medians over seeds; ratio < 1 and speedup > 1 favour {opt})", "",
+                  f"| task | {opt} final train | {base} final train | ratio | {opt} held-out | {base} held-out | "
+                  f"ratio | reaches {base}'s final train loss at step | speedup |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for task, c in per_task.items():
+            if c["diverged"]:
+                lines.append(f"| {task} | diverged | {num(c['baseline_final_train'], '.4g')} | — | diverged | "
+                             f"{num(c['baseline_eval'], '.4g')} | — | — | — |")
+                continue
+            reach = num(c["steps_to_reach"], "d") if c["steps_to_reach"] is not None else "never"
+            base_final = "every lr diverged" if c["baseline_diverged"] else num(c["baseline_final_train"], ".4g")
+            lines.append(f"| {task} | {num(c['final_train'], '.4g')} | {base_final} | {num(c['ratio_train'])} | "
+                         f"{num(c['eval'], '.4g')} | {num(c['baseline_eval'], '.4g')} | {num(c['ratio_eval'])} | "
+                         f"{reach} | {num(c['speedup'])} |")
+    return "\n".join(lines)
+
+
+def results_markdown(title: str, comparisons: dict, summary: dict, results: dict, num_steps: dict, seconds: float,
+                     cpu_seconds: float) -> str:
+    """results.md: the title, how the baselines were tuned, the cost, `comparison_tables` and `markdown_table`.
+
+    Args:
+      title: the heading, e.g. "learned vs tuned adam on suite smoke".
+      comparisons: `{pair: {task: compare_runs(...)}}`.
+      summary: `{pair: summarize(...)}`.
+      results: `{task name: run_task's runs}`.
+      num_steps: {task name: steps}.
+      seconds: the evaluation's wall time.
+      cpu_seconds: its CPU time.
+
+    Returns:
+      the Markdown text, ending with a newline.
+    """
+    return (f"# {title}\n\nEach baseline tuned per task over a log-spaced learning-rate grid (7 rates, extended "
+            f"past an edge holding the best rate); medians over seeds; held-out loss on each task's eval split; "
+            f"{seconds / 60:.1f} min ({cpu_seconds / 60:.1f} CPU-min).\n\n{comparison_tables(comparisons, summary)}"
+            f"\n\n{markdown_table(results, num_steps)}\n")
+
+
+def json_safe(x: Any) -> Any:
+    """`x` as strict JSON takes it: non-finite floats as None, numpy scalars and arrays as Python ones,
+    tuples as lists, dict keys as strings.
+
+    Args:
+      x: nested dicts, lists, tuples, numpy arrays and scalars.
+
+    Returns:
+      the same structure of Python dicts, lists, numbers, bools, strings and None.
+    """
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, np.ndarray)):
+        return [json_safe(v) for v in (x.tolist() if isinstance(x, np.ndarray) else x)]
+    if isinstance(x, (np.floating, float)):
+        return float(x) if math.isfinite(float(x)) else None
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, np.bool_):
+        return bool(x)
+    return x
+
+
+def write_json(path: str, doc: Any) -> None:
+    """Writes a `json_safe` document atomically (indent 1), so a reader never sees half a file.
+
+    Args:
+      path: the JSON file.
+      doc: the document.
+    """
+    atomic_write_bytes(path, json.dumps(doc, indent=1).encode("utf-8"))
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes a text file (UTF-8) atomically, so a reader never sees half a file.
+
+    Args:
+      path: the file.
+      text: its content.
+    """
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def results_json(results: dict, info: dict, comparisons: dict, summary: dict, meta: dict) -> dict:
+    """The machine-readable results (results.json).
+
+    Args:
+      results: `{task name: run_task's runs}`.
+      info: `{task name: {"num_steps", "seeds", "eval_split", "seconds"}}`.
+      comparisons: `{pair: {task: compare_runs(...)}}`.
+      summary: `{pair: summarize(...)}`.
+      meta: run-level entries (suite, optimizers, baselines, protocol, seconds).
+
+    Returns:
+      `{**meta, "summary": summary, "tasks": {task: {**info, "optimizers": {name: {"learning_rates",
+      "best_learning_rate" (None for a learned optimizer), "grid_edge", "every_rate_diverged",
+      "final_train" [per seed], "eval" [per seed], "initial_train" [per seed]}}, "comparisons":
+      {pair: ...}}}}`, strict-JSON safe (non-finite numbers as None).
+    """
+    tasks_out = {}
+    for task, runs in results.items():
+        opts = {}
+        for name, best in best_runs(runs).items():
+            own = [r for r in runs if r["optimizer"] == name]
+            tuned = len(own) > 1 or not np.isnan(own[0]["learning_rate"])
+            opts[name] = {"learning_rates": [r["learning_rate"] for r in own] if tuned else None,
+                          "best_learning_rate": best["learning_rate"] if tuned else None,
+                          "grid_edge": grid_edge(runs, name) if tuned else None,
+                          "every_rate_diverged": bool(best.get("diverged", False)),
+                          "final_train": final_loss(best["losses"]), "eval": best["evals"],
+                          "initial_train": best["losses"][:, 0]}
+        tasks_out[task] = {**info[task], "optimizers": opts,
+                           "comparisons": {pair: per[task] for pair, per in comparisons.items()}}
+    return json_safe({**meta, "summary": summary, "tasks": tasks_out})
+
+
+def write_csv(path: str, results: dict, info: dict) -> None:
+    """Writes every run of every task, one row per seed, to a CSV file.
+
+    Columns: task, optimizer, learning_rate (empty for a learned optimizer), seed,
+    final_train_loss (`final_loss`), eval_loss.
+
+    Args:
+      path: the CSV file to write.
+      results: `{task name: run_task's runs}`.
+      info: `{task name: {"seeds": [...], ...}}`.
+    """
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "optimizer", "learning_rate", "seed", "final_train_loss", "eval_loss"])
+        for task, runs in results.items():
+            for r in runs:
+                lr = "" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.6g}"
+                finals = final_loss(r["losses"])
+                for i, s in enumerate(info[task]["seeds"]):
+                    w.writerow([task, r["optimizer"], lr, s, f"{finals[i]:.6g}", f"{r['evals'][i]:.6g}"])
