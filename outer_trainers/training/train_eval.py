@@ -6,8 +6,9 @@
     evaluation_steps(1000, eval_every=250, eval_at=(10,))   # [10, 250, 500, 750, 1000]
 
 Every Evaluation averages its metrics over the same batches at every step (its key is fixed), so
-curves compare across steps. The metrics of a Task are its loss and, for the built-in image
-classifiers (ImageMLPTask, ConvTask), its accuracy (`default_metrics`); a flax/haiku model's are
+curves compare across steps. The metrics of a Task are its loss and, for an image classifier
+(`is_image_classifier`: a `logits` method and batches of "image" and "label", as the built-in
+ImageMLPTask and ConvTask have), its accuracy (`default_metrics`); a flax/haiku model's are
 its loss and, when its outputs are logits over the data's classes, the accuracy (`model_metrics`,
 which also turns metrics on model outputs, `fn(outputs, batch)` like a `loss_fn`, into metrics of
 params). The last evaluation step is always the last training step.
@@ -23,8 +24,6 @@ import jax
 from outer_trainers.runs.checkpoint_files import structure_of
 from outer_trainers.training.train_state import Metric, as_task, mean_over_batches
 from tasks.base import Task, accuracy
-from tasks.conv import ConvTask
-from tasks.image_mlp import ImageMLPTask
 
 EVAL_PREFIX, EMA_PREFIX = "eval", "eval_ema"
 
@@ -79,19 +78,42 @@ def evaluation_steps(num_steps: int, eval_every: Optional[int] = None, eval_at: 
     return sorted(steps)
 
 
-def default_metrics(task: Task) -> dict:
-    """A Task's evaluation metrics: its loss, and its accuracy when it is a built-in image classifier.
+def is_image_classifier(task: Task) -> bool:
+    """Whether a Task classifies images the way the built-in ones do (ImageMLPTask, ConvTask).
+
+    Decided by what the task offers, not by its class, so that this module depends on no
+    concrete task: a `logits(params, images)` method (or `logits(params, images, model_state)`
+    for a model with state such as BatchNorm) returning [batch, num_classes], and data whose
+    train batches are mappings holding "image" and an integer class "label".
 
     Args:
         task: the Task.
 
     Returns:
-        {"loss": metric} (+ "accuracy" for an ImageMLPTask or ConvTask: the fraction of the batch's
+        True when `default_metrics` can measure its accuracy.
+    """
+    data = getattr(task, "data", None)
+    if not callable(getattr(task, "logits", None)) or data is None or "train" not in getattr(data, "splits", {}):
+        return False
+    spec = data.element_spec("train")
+    return isinstance(spec, Mapping) and "image" in spec and "label" in spec
+
+
+def default_metrics(task: Task) -> dict:
+    """A Task's evaluation metrics: its loss, and its accuracy when it is an image classifier.
+
+    accuracy = mean over the batch of [argmax_c logits(image)_c == label].
+
+    Args:
+        task: the Task.
+
+    Returns:
+        {"loss": metric} (+ "accuracy" when `is_image_classifier(task)`: the fraction of the batch's
         labels that are the argmax of its logits, BatchNorm with running statistics), each
         `metric(params, model_state, key, batch) -> scalar`.
     """
     metrics = {"loss": lambda p, ms, k, b: task.loss_with_state(p, ms, k, b)[0]}
-    if isinstance(task, (ImageMLPTask, ConvTask)):
+    if is_image_classifier(task):
         takes_state = "model_state" in inspect.signature(task.logits).parameters
         logits = (lambda p, ms, b: task.logits(p, b["image"], ms)) if takes_state else (
             lambda p, ms, b: task.logits(p, b["image"]))
