@@ -6,13 +6,15 @@
 
 The loop, step by step:
 
-    restore or init ─► steps in jitted chunks (one compile; data parallel over local devices)
+    arguments checked (train_setup.prepare_training) ─► restore or init
+        ─► steps in jitted chunks (one compile; data parallel over local devices)
         ─► at eval steps: every Evaluation on params (and EMA params)
         ─► at log steps: metrics.jsonl, TensorBoard, progress
         ─► checkpoints as the policy says (written in a background thread) ─► callbacks ─► yield
 
-Chunks end at every step something happens (log, eval, checkpoint, yield), so each happens at its
-exact step. With `output_dir`:
+`train_loop` checks its arguments at the call and returns a generator (`run_training`) that does the
+rest. Chunks end at every step something happens (log, eval, checkpoint, yield), so each happens
+at its exact step. With `output_dir`:
 
     metrics.jsonl   one line per logged step: "train/loss" (mean over the last `log_every` steps),
                     "train/grad_norm" (same window), "train/param_norm", "train/steps_per_s",
@@ -30,7 +32,6 @@ the last k, permanent at given steps or every M, best by a logged metric), `Metr
 """
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import time
@@ -40,21 +41,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from outer_trainers.runs.background_checkpoints import BackgroundCheckpointManager
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.reporting import RunTotals
 from outer_trainers.runs.run_checkpoints import CHECKPOINT_DIR, RunCheckpoints
 from outer_trainers.runs.summaries import METRICS_FILE, TB_DIR, MetricsLog, Progress
-from outer_trainers.training.train_eval import EMA_PREFIX, EVAL_PREFIX, Evaluation, Evaluator, evaluation_steps, model_metrics
-from outer_trainers.training.train_state import TrainState, as_task, data_parallel_sharding, init_train_state, train_step
-from tasks.base import Task
+from outer_trainers.training.train_eval import EMA_PREFIX, EVAL_PREFIX, Evaluation
+from outer_trainers.training.train_setup import (TRAIN_KEYS, Callback, LoopOptions, RunFiles, TrainingSetup,
+                                                 prepare_training)
+from outer_trainers.training.train_state import TrainState, init_train_state, train_step
 
 logger = logging.getLogger("outer_trainers")
-TRAIN_KEYS = ("loss", "grad_norm")  # per-step histories kept in checkpoints and the result
 TRAIN_RESULTS = (METRICS_FILE, TB_DIR, CHECKPOINT_DIR)  # what a run leaves in output_dir (never silently replaced)
-Callback = Callable[[int, TrainState, dict], None]
+TRAIN_PROGRESS_FIELDS = (("loss", "train/loss"), ("steps/s", "train/steps_per_s"),
+                         ("examples/s", "train/examples_per_s"))
 
 
 class TrainResult(NamedTuple):
@@ -78,10 +79,6 @@ class TrainResult(NamedTuple):
     evals: Optional[dict] = None
 
 
-TRAIN_PROGRESS_FIELDS = (("loss", "train/loss"), ("steps/s", "train/steps_per_s"),
-                         ("examples/s", "train/examples_per_s"))
-
-
 def param_count(params: Any) -> tuple[int, int]:
     """The number of parameters and their bytes.
 
@@ -94,36 +91,6 @@ def param_count(params: Any) -> tuple[int, int]:
     leaves = jax.tree_util.tree_leaves(params)
     return (int(sum(np.prod(x.shape, dtype=np.int64) for x in leaves)),
             int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in leaves)))
-
-
-def _check_arguments(num_steps, log_every, chunk_size, yield_every, ema_decay, ema_warmup_steps, callbacks):
-    if num_steps < 0:
-        raise ValueError(f"num_steps must be >= 0, got {num_steps}")
-    for name, value in (("log_every", log_every), ("chunk_size", chunk_size)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
-    if yield_every is not None and yield_every < 1:
-        raise ValueError(f"yield_every must be >= 1 or None, got {yield_every}")
-    if ema_decay is not None and not 0.0 <= ema_decay < 1.0:
-        raise ValueError(f"ema_decay must be in [0, 1) or None, got {ema_decay}")
-    if ema_warmup_steps < 0:
-        raise ValueError(f"ema_warmup_steps must be >= 0, got {ema_warmup_steps}")
-    bad = [c for c in callbacks if not callable(c)]
-    if bad:
-        raise TypeError(f"callbacks must be callables callback(step, state, metrics), got {bad}")
-
-
-def _next_stop(step: int, num_steps: int, chunk_size: int, every: Sequence[Optional[int]],
-               at: Sequence[int]) -> int:
-    """The end of the chunk that starts at `step`: the first step after it where something happens."""
-    stops = [num_steps, step + chunk_size] + [(step // e + 1) * e for e in every if e]
-    stops += [s for s in at if s > step]
-    return min(stops)
-
-
-def _history(num_steps: int, eval_names: Sequence[str], num_evals: int) -> dict:
-    return {"train": {k: np.full((num_steps,), np.nan, np.float32) for k in TRAIN_KEYS},
-            "eval": {name: np.full((num_evals,), np.nan, np.float32) for name in eval_names}}
 
 
 def run_to_end(loop: Generator[TrainState, None, TrainResult]) -> TrainResult:
@@ -142,19 +109,6 @@ def run_to_end(loop: Generator[TrainState, None, TrainResult]) -> TrainResult:
             return done.value
 
 
-def _primed(generator_fn: Callable) -> Callable:
-    """Starts the generator at once, so its code up to its first (bare) `yield` — the argument checks — runs
-    at the call, not at the first `next`."""
-    @functools.wraps(generator_fn)
-    def start(*args, **kwargs):
-        generator = generator_fn(*args, **kwargs)
-        next(generator)
-        return generator
-
-    return start
-
-
-@_primed
 def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_steps: int, *,
                loss_fn: Optional[Callable] = None, data: Any = None, seed: int = 0, key: Optional[jax.Array] = None,
                ema_decay: Optional[float] = None, ema_warmup_steps: int = 0,
@@ -168,9 +122,10 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
                config: Optional[dict] = None) -> Generator[TrainState, None, TrainResult]:
     """Trains a model for `num_steps` steps of `optimizer`, yielding the TrainState every `yield_every` steps.
 
-    A generator: `for state in train_loop(...)` sees the state at steps k · yield_every and at the
-    last step; when it finishes it returns the TrainResult (`StopIteration.value`; `run_to_end(loop)`
-    runs it to the end and returns it, as `train_model` does). Bad arguments raise at the call.
+    Returns a generator: `for state in train_loop(...)` sees the state at steps k · yield_every and at
+    the last step; when it finishes it returns the TrainResult (`StopIteration.value`; `run_to_end(loop)`
+    runs it to the end and returns it, as `train_model` does). Bad arguments raise at the call
+    (`prepare_training`); no file is read or written before the first step is asked for.
     Leaving the loop early (`loop.close()`, or dropping the generator) closes the files and waits
     for the checkpoint writes; the run resumes from its newest checkpoint when started again.
 
@@ -211,128 +166,69 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
 
     Returns:
         A generator of TrainStates that returns the TrainResult.
+
+    Raises:
+        ValueError, TypeError: an argument is out of range or of the wrong kind (at the call).
     """
-    callbacks = list(callbacks)
-    _check_arguments(num_steps, log_every, chunk_size, yield_every, ema_decay, ema_warmup_steps, callbacks)
-    eval_steps = evaluation_steps(num_steps, eval_every, eval_at)
-    task = as_task(task_or_model, loss_fn, data)
-    data = task.data if data is None else data
-    key = jax.random.key(seed) if key is None else key
-    sharding = data_parallel_sharding(data, devices)
-    num_devices = 1 if sharding is None else sharding.mesh.size
-    replicated = None if sharding is None else NamedSharding(sharding.mesh, P())
-    if replicated is not None:
-        data = jax.device_put(data, replicated)
-    k_init, k_train, k_eval = jax.random.split(key, 3)
+    options = LoopOptions(log_every=log_every, chunk_size=chunk_size, yield_every=yield_every, progress=progress,
+                          tensorboard=tensorboard, callbacks=tuple(callbacks))
+    files = RunFiles(output_dir=output_dir, policy=checkpoint_policy, checkpoint_dir=checkpoint_dir, resume=resume,
+                     overwrite=overwrite, config=config)
+    setup = prepare_training(task_or_model, optimizer, num_steps, key=jax.random.key(seed) if key is None else key,
+                             loss_fn=loss_fn, data=data, ema_decay=ema_decay, ema_warmup_steps=ema_warmup_steps,
+                             evals=evals, eval_every=eval_every, eval_at=eval_at, eval_split=eval_split,
+                             eval_batches=eval_batches, metrics=metrics, devices=devices, files=files, options=options)
+    return run_training(setup)
 
-    evaluations = [Evaluation(eval_split, num_batches=eval_batches)] if evals is None else list(evals)
-    extra = model_metrics(task_or_model, data, metrics) if not isinstance(task_or_model, Task) else metrics
-    evaluator = Evaluator(evaluations, task, data, k_eval, extra, placement=replicated) if evaluations else None
-    eval_names = evaluator.metric_names(ema_decay is not None) if evaluator else []
-    eval_steps = eval_steps if evaluator else []
 
-    policy = checkpoint_policy or CheckpointPolicy()
-    logged_names = set(eval_names) | {f"train/{k}" for k in TRAIN_KEYS} | {"train/param_norm"}
-    if policy.best_metric and policy.best_metric not in logged_names:
-        raise ValueError(f"best_metric {policy.best_metric!r} is not a logged metric; choose from "
-                         f"{sorted(logged_names)}")
-    yield  # the arguments are checked: `_primed` returns the generator here
-    meta = {"kind": "train_model", "task": task.name, "num_steps": int(num_steps), "ema": ema_decay is not None,
-            "eval_metrics": eval_names, "eval_steps": eval_steps}
-    meta = dict(meta, config=config) if config is not None else meta
-    run = RunCheckpoints(output_dir, policy, meta, results=TRAIN_RESULTS, checkpoint_dir=checkpoint_dir,
+def run_training(setup: TrainingSetup) -> Generator[TrainState, None, TrainResult]:
+    """The training run of a checked setup, as `train_loop` describes it.
+
+    Args:
+        setup: the run (`train_setup.prepare_training`).
+
+    Returns:
+        A generator of TrainStates (every `setup.options.yield_every` steps and at the last one) that
+        returns the TrainResult.
+    """
+    files, options, num_steps = setup.files, setup.options, setup.num_steps
+    run = RunCheckpoints(files.output_dir, files.policy, setup.checkpoint_meta(), results=TRAIN_RESULTS,
+                         checkpoint_dir=files.checkpoint_dir,
                          manager_factory=BackgroundCheckpointManager)  # writes in a background thread
-
-    def init(k):
-        state = init_train_state(task, optimizer, k, ema=ema_decay is not None, step_key=k_train)
-        return {"state": state, "history": _history(num_steps, eval_names, len(eval_steps))}
-
-    tree, totals = run.restore_or_init(jax.jit(init), k_init, resume=resume, overwrite=overwrite)
+    tree, totals = run.restore_or_init(jax.jit(lambda k: _initial(setup, k)), setup.init_key, resume=files.resume,
+                                       overwrite=files.overwrite)
     state, history = tree["state"], jax.tree_util.tree_map(np.array, tree["history"])
-    if replicated is not None:
-        state = jax.device_put(state, replicated)
+    if setup.replicated is not None:
+        state = jax.device_put(state, setup.replicated)
     start = int(state.step)
-
-    def chunk(state, data, n):  # n (traced) <= chunk_size steps: one compile serves every chunk length
-        def body(carry):
-            i, s, out = carry
-            s, m = train_step(task, optimizer, s, data, ema_decay=ema_decay, ema_warmup_steps=ema_warmup_steps,
-                              batch_sharding=sharding, with_metrics=True)
-            return i + 1, s, {k: out[k].at[i].set(m[k]) for k in TRAIN_KEYS}
-
-        out = {k: jnp.full((chunk_size,), jnp.nan, jnp.float32) for k in TRAIN_KEYS}
-        _, state, out = jax.lax.while_loop(lambda c: c[0] < n, body, (jnp.zeros((), jnp.int32), state, out))
-        return state, out
-
-    run_chunk = jax.jit(chunk)
-    param_norm = jax.jit(optax.tree.norm)
-    mode = {True: "bar", False: "none"}.get(progress, progress)
-    log = MetricsLog(output_dir, resume_step=start if start > 0 else -1, tensorboard=tensorboard)
-    bar = Progress(mode, total=num_steps, initial=start, desc="train", fields=TRAIN_PROGRESS_FIELDS)
-    batch_size = getattr(data, "batch_size", 0) if data is not None else 0
-    elapsed0, t_start = totals.elapsed_s, time.perf_counter()
-    t_logged, steps_logged = t_start, start
-    every = (log_every, yield_every, policy.every_steps, policy.permanent_every)
-    at = sorted(set(eval_steps) | set(policy.checkpoints_at))
-
-    def report(step: int) -> Optional[dict]:
-        """Evaluates and logs step `step` if due; the logged metrics or None."""
-        nonlocal t_logged, steps_logged
-        evaluate = step in eval_steps
-        if not (evaluate or step % log_every == 0 or step == num_steps):
-            return None
-        now = time.perf_counter()
-        logged = {"elapsed_s": elapsed0 + now - t_start}
-        if step > 0:
-            window = slice(max(0, step - log_every), step)
-            logged.update({f"train/{k}": float(np.mean(history["train"][k][window])) for k in TRAIN_KEYS})
-            logged["train/param_norm"] = float(param_norm(state.params))
-        if step > steps_logged:
-            rate = (step - steps_logged) / max(now - t_logged, 1e-9)
-            logged["train/steps_per_s"] = rate
-            if batch_size:
-                logged["train/examples_per_s"] = rate * batch_size
-                logged["train/examples_per_s_per_device"] = rate * batch_size / num_devices
-        if step == 0:
-            logged["model/num_params"], logged["model/param_bytes"] = param_count(state.params)
-        if evaluate:
-            results = evaluator(state.params, state.model_state, state.ema_params)
-            row = eval_steps.index(step)
-            for name, value in results.items():
-                history["eval"][name][row] = value
-            logged.update(results)
-        log.write(step, logged)
-        t_logged, steps_logged = time.perf_counter(), step
-        return logged
-
+    run_chunk = jax.jit(lambda s, data, n: _chunk(setup, s, data, n))
+    log = MetricsLog(files.output_dir, resume_step=start if start > 0 else -1, tensorboard=options.tensorboard)
+    bar = Progress(options.progress, total=num_steps, initial=start, desc="train", fields=TRAIN_PROGRESS_FIELDS)
+    report = _StepReport(setup, history, log, totals.elapsed_s, start)
+    every = (options.log_every, options.yield_every, files.policy.every_steps, files.policy.permanent_every)
+    at = sorted(set(setup.eval_steps) | set(files.policy.checkpoints_at))
     try:
-        num_params, num_bytes = param_count(state.params)
-        logger.info("training %s: %d parameters (%d bytes) on %d device(s)", task.name, num_params, num_bytes,
-                    num_devices)
-        if mode != "none":
-            print(f"{task.name}: {num_params:,} parameters, {num_bytes / 2**20:.2f} MiB; "
-                  f"{num_devices} device(s); steps {start} -> {num_steps}", file=sys.stderr, flush=True)
+        _announce(setup, state, start)
         if start == 0:  # step 0 is always logged: the model's size (and an evaluation at step 0)
-            logged = report(0)
-            for callback in callbacks if 0 in eval_steps else ():
+            logged = report(0, state)
+            for callback in options.callbacks if 0 in setup.eval_steps else ():
                 callback(0, state, dict(logged))
         step = start
         while step < num_steps:
-            stop = _next_stop(step, num_steps, chunk_size, every, at)
-            state, out = run_chunk(state, data, jnp.asarray(stop - step, jnp.int32))
+            stop = _next_stop(step, num_steps, options.chunk_size, every, at)
+            state, out = run_chunk(state, setup.data, jnp.asarray(stop - step, jnp.int32))
             out = jax.device_get(out)
             for k in TRAIN_KEYS:
                 history["train"][k][step:stop] = out[k][:stop - step]
             taken, step = stop - step, stop
-            logged = report(step)
-            totals = RunTotals(elapsed0 + time.perf_counter() - t_start, 0)
-            run.save(step, {"state": state, "history": history}, totals, logged, final=step == num_steps)
+            logged = report(step, state)
+            run.save(step, {"state": state, "history": history}, report.totals(), logged, final=step == num_steps)
             bar.update(taken, logged)
             saved = run.manager is not None and run.manager.last_save_step == step
-            if callbacks and (step in eval_steps or saved):
-                for callback in callbacks:
+            if options.callbacks and (step in setup.eval_steps or saved):
+                for callback in options.callbacks:
                     callback(step, state, dict(logged or {}))
-            if yield_every and (step % yield_every == 0 or step == num_steps):
+            if options.yield_every and (step % options.yield_every == 0 or step == num_steps):
                 yield state
         if run.manager is not None:
             run.manager.wait()
@@ -341,9 +237,101 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
         log.close()
         if run.manager is not None:
             run.manager.close()
+    return _result(setup, state, history)
 
+
+def _initial(setup: TrainingSetup, key: jax.Array) -> dict:
+    """A new run's checkpointed tree: the initial TrainState and empty (NaN) histories."""
+    state = init_train_state(setup.task, setup.optimizer, key, ema=setup.ema_decay is not None,
+                             step_key=setup.step_key)
+    num_evals = len(setup.eval_steps)
+    history = {"train": {k: np.full((setup.num_steps,), np.nan, np.float32) for k in TRAIN_KEYS},
+               "eval": {name: np.full((num_evals,), np.nan, np.float32) for name in setup.eval_names}}
+    return {"state": state, "history": history}
+
+
+def _chunk(setup: TrainingSetup, state: TrainState, data: Any, n: jax.Array) -> tuple[TrainState, dict]:
+    """`n` (traced, <= chunk_size) train steps and their metrics: one compile serves every chunk length."""
+    def body(carry):
+        i, s, out = carry
+        s, m = train_step(setup.task, setup.optimizer, s, data, ema_decay=setup.ema_decay,
+                          ema_warmup_steps=setup.ema_warmup_steps, batch_sharding=setup.sharding, with_metrics=True)
+        return i + 1, s, {k: out[k].at[i].set(m[k]) for k in TRAIN_KEYS}
+
+    out = {k: jnp.full((setup.options.chunk_size,), jnp.nan, jnp.float32) for k in TRAIN_KEYS}
+    _, state, out = jax.lax.while_loop(lambda c: c[0] < n, body, (jnp.zeros((), jnp.int32), state, out))
+    return state, out
+
+
+def _next_stop(step: int, num_steps: int, chunk_size: int, every: Sequence[Optional[int]],
+               at: Sequence[int]) -> int:
+    """The end of the chunk that starts at `step`: the first step after it where something happens."""
+    stops = [num_steps, step + chunk_size] + [(step // e + 1) * e for e in every if e]
+    stops += [s for s in at if s > step]
+    return min(stops)
+
+
+def _announce(setup: TrainingSetup, state: TrainState, start: int) -> None:
+    """Logs (and, with a progress display, prints) the model's size, the devices and the steps to take."""
+    num_params, num_bytes = param_count(state.params)
+    logger.info("training %s: %d parameters (%d bytes) on %d device(s)", setup.task.name, num_params, num_bytes,
+                setup.num_devices)
+    if setup.options.progress != "none":
+        print(f"{setup.task.name}: {num_params:,} parameters, {num_bytes / 2**20:.2f} MiB; {setup.num_devices} "
+              f"device(s); steps {start} -> {setup.num_steps}", file=sys.stderr, flush=True)
+
+
+class _StepReport:
+    """Evaluates and logs the steps that are due: train-window means, throughput, model size, evaluations."""
+
+    def __init__(self, setup: TrainingSetup, history: dict, log: MetricsLog, elapsed0: float, start: int):
+        self.setup, self.history, self.log, self.elapsed0 = setup, history, log, elapsed0
+        self.t_start = self.t_logged = time.perf_counter()
+        self.steps_logged = start
+        self.param_norm = jax.jit(optax.tree.norm)
+        data = setup.data
+        self.batch_size = getattr(data, "batch_size", 0) if data is not None else 0
+
+    def totals(self) -> RunTotals:
+        """The run's totals now: its elapsed seconds, earlier sessions included."""
+        return RunTotals(self.elapsed0 + time.perf_counter() - self.t_start, 0)
+
+    def __call__(self, step: int, state: TrainState) -> Optional[dict]:
+        """Evaluates and logs step `step` if due; the logged metrics, or None when the step is not logged."""
+        setup, log_every = self.setup, self.setup.options.log_every
+        evaluate = step in setup.eval_steps
+        if not (evaluate or step % log_every == 0 or step == setup.num_steps):
+            return None
+        now = time.perf_counter()
+        logged = {"elapsed_s": self.elapsed0 + now - self.t_start}
+        if step > 0:
+            window = slice(max(0, step - log_every), step)
+            logged.update({f"train/{k}": float(np.mean(self.history["train"][k][window])) for k in TRAIN_KEYS})
+            logged["train/param_norm"] = float(self.param_norm(state.params))
+        if step > self.steps_logged:
+            rate = (step - self.steps_logged) / max(now - self.t_logged, 1e-9)
+            logged["train/steps_per_s"] = rate
+            if self.batch_size:
+                logged["train/examples_per_s"] = rate * self.batch_size
+                logged["train/examples_per_s_per_device"] = rate * self.batch_size / setup.num_devices
+        if step == 0:
+            logged["model/num_params"], logged["model/param_bytes"] = param_count(state.params)
+        if evaluate:
+            results = setup.evaluator(state.params, state.model_state, state.ema_params)
+            row = setup.eval_steps.index(step)
+            for name, value in results.items():
+                self.history["eval"][name][row] = value
+            logged.update(results)
+        self.log.write(step, logged)
+        self.t_logged, self.steps_logged = time.perf_counter(), step
+        return logged
+
+
+def _result(setup: TrainingSetup, state: TrainState, history: dict) -> TrainResult:
+    """The TrainResult of a finished run from its final state and histories."""
+    evaluator, evals = setup.evaluator, history["eval"]
     first_loss = f"{EVAL_PREFIX}/{evaluator.evaluations[0].label}/loss" if evaluator else ""
-    final = lambda name: float(history["eval"][name][-1]) if name in history["eval"] else float("nan")
-    ema_loss = final(first_loss.replace(EVAL_PREFIX, EMA_PREFIX, 1)) if ema_decay is not None else None
+    final = lambda name: float(evals[name][-1]) if name in evals else float("nan")
+    ema_loss = final(first_loss.replace(EVAL_PREFIX, EMA_PREFIX, 1)) if setup.ema_decay is not None else None
     return TrainResult(state, history["train"]["loss"], final(first_loss), ema_loss, history["train"]["grad_norm"],
-                       np.asarray(eval_steps, np.int64), history["eval"])
+                       np.asarray(setup.eval_steps, np.int64), evals)
