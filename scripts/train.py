@@ -128,6 +128,9 @@ def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
     """Parses the command line (`argv`, default `sys.argv[1:]`; see `--help`) and its gin config, saves the
     operative config to `output_dir`/config.gin and runs `fit`.
 
+    Args:
+      argv: the command-line arguments (None: `sys.argv[1:]`).
+
     Returns:
       `fit`'s TrainResult.
     """

@@ -94,13 +94,20 @@ class CheckpointManager:
         return sorted(found)
 
     def all(self) -> list[tuple[int, str]]:
-        """Every checkpoint of every kind (readable or not): [(step, path)], newest step first."""
+        """Every checkpoint of every kind, readable or not.
+
+        Returns:
+            [(step, path)], newest step first.
+        """
         return sorted((c for k in KINDS for c in self.list(k)), reverse=True)
 
     def latest(self) -> Optional[str]:
-        """The path of the newest readable checkpoint, or None; unreadable ones are skipped with a warning.
+        """The newest readable checkpoint; unreadable newer ones are skipped with a warning.
 
         Changes nothing on disk (see `restore_latest`, which sets unreadable files aside).
+
+        Returns:
+            Its path, or None when no checkpoint is readable.
         """
         found, unreadable = first_readable([p for _, p in self.all()])
         for p, why in unreadable:

@@ -74,7 +74,11 @@ class RunTotals:
     consecutive_dropped: int = 0
 
     def as_meta(self) -> dict:
-        """The totals as checkpoint metadata entries: {"elapsed_s": ..., "num_dropped_total": ..., ...}."""
+        """The totals as checkpoint metadata entries.
+
+        Returns:
+            {"elapsed_s": ..., "num_dropped_total": ..., ...}: one entry per field.
+        """
         return dataclasses.asdict(self)
 
     @classmethod
@@ -242,7 +246,11 @@ class Reporter:
         return MetaTrainingDiverged(msg, step=step, since=since, estimators=fractions)
 
     def totals(self) -> RunTotals:
-        """The run's totals now (time over all sessions, dropped estimates, steps in a row that applied none)."""
+        """The run's totals now.
+
+        Returns:
+            RunTotals: time over all sessions, dropped estimates, steps in a row that applied none.
+        """
         return RunTotals(self._elapsed0 + time.perf_counter() - self._t_start, self._dropped_total, self._consecutive)
 
     def close(self) -> None:

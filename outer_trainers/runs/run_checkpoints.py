@@ -124,12 +124,20 @@ class RunCheckpoints:
             self.manager.mark_time(time.perf_counter())
 
     def newest_step(self) -> Optional[int]:
-        """The step of the newest checkpoint file (readable or not), or None when there is none."""
+        """The step of the newest checkpoint file, readable or not.
+
+        Returns:
+            Its step, or None when there is no checkpoint (or no checkpoint directory).
+        """
         found = self.manager.all() if self.manager is not None else []
         return found[0][0] if found else None
 
     def existing_results(self) -> list[str]:
-        """The names of `results` present in `output_dir` (directories only when not empty), sorted."""
+        """What of a run's results `output_dir` holds.
+
+        Returns:
+            The names of `results` present in `output_dir` (directories only when not empty), sorted.
+        """
         if self.output_dir is None:
             return []
         present = []

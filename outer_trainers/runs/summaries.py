@@ -55,7 +55,14 @@ def truncate_jsonl(path: str, max_step: int) -> int:
 
 
 def scalars(metrics: dict) -> dict:
-    """The entries of `metrics` that are single real numbers (bools excluded), as floats."""
+    """The entries of `metrics` that are single real numbers (bools excluded), as floats.
+
+    Args:
+        metrics: a step's logged metrics.
+
+    Returns:
+        {name: float(value)} of its int and float entries.
+    """
     return {k: float(v) for k, v in metrics.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
