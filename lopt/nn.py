@@ -56,7 +56,19 @@ def lstm_init(key: jax.Array, in_size: int, hidden_size: int) -> dict:
 
 
 def lstm_step(params: dict, x: jax.Array, h: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """One LSTM step (the math in the module docstring). x [L, in], h, c [L, H] -> (h', c') [L, H]."""
+    """One step of an LSTM cell, batched over L rows (one per tensor):
+
+        i, f, g, o = split(x Wx + h Wh + b);  c' = σ(f + 1) c + σ(i) tanh(g);  h' = σ(o) tanh(c').
+
+    Args:
+      params: the cell's parameters, as from `lstm_init`.
+      x: the inputs, float32 [L, in].
+      h: the hidden state, float32 [L, H].
+      c: the cell state, float32 [L, H].
+
+    Returns:
+      (h', c'), float32 [L, H] each.
+    """
     gates = x @ params["wx"] + h @ params["wh"] + params["b"]
     i, f, g, o = jnp.split(gates, 4, axis=-1)
     c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)

@@ -7,6 +7,7 @@ import json
 import pickle
 from typing import Optional
 
+import chex
 import jax
 import jax.numpy as jnp
 import pytest
@@ -60,6 +61,18 @@ def test_config_round_trips_and_equal_configs_are_equal_with_equal_hashes(name):
 
 # fields that are only allowed together with another one
 REQUIRES = {("NormMLPLOpt", "fan_in_ref"): {"relative_step": True}}
+
+
+@pytest.mark.parametrize("name", sorted(CHANGED))
+def test_save_and_load_round_trip_the_architecture_config_and_theta(name, tmp_path):
+    lo = lopt.architecture(name)(**CHANGED[name])
+    theta = jax.tree_util.tree_map(lambda x: x + 0.25, lo.init(jax.random.key(1)))
+    path = str(tmp_path / "theta.msgpack")
+    lopt.save_theta(path, lo, theta)
+    loaded, got = lopt.load_learned_optimizer(path)
+    assert loaded == lo and loaded.config() == lo.config()
+    chex.assert_trees_all_equal(got, theta)
+    chex.assert_trees_all_equal(lopt.load_theta(path, lo), theta)
 
 
 @pytest.mark.parametrize("name", sorted(CHANGED))

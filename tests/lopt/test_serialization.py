@@ -30,7 +30,7 @@ def test_save_rejects_theta_of_another_structure(tmp_path):
 
 
 def test_every_architecture_is_registered_and_rebuilds_from_config():
-    for name in ["MLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt", "NNAdam", "HyperLOpt",
+    for name in ["MLPLOpt", "NormMLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt", "NNAdam", "HyperLOpt",
                  "LearnableAdam", "LearnableSGD", "LearnableSGDM"]:
         cls = lopt.architecture(name)
         lo = cls()
