@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import types
 import typing
 from typing import Any, Callable, Optional
@@ -51,6 +52,7 @@ Theta = Any
 _ARCHITECTURES: dict[str, type] = {}
 _THETA_SPECS: dict[Any, Any] = {}  # learned optimizer (hashed by value) -> theta's ShapeDtypeStructs
 _CONVERTERS: dict[type, dict[str, Callable[[Any], Any]]] = {}  # class -> field name -> converter
+_COMPARED: dict[type, Callable[[Any], tuple]] = {}  # class -> getter of (class, compared fields' values)
 _IN_CONFIG = "lopt.in_config"  # field metadata: "always" (default), "never" or "unless_default"
 
 
@@ -251,11 +253,15 @@ class LearnedOptimizer:
         return type(self).__name__
 
     def _values(self) -> tuple:
-        """What equality and the hash compare: the compared fields' values (or the `config()` JSON
-        of a subclass with its own `__init__`)."""
-        if _declares_fields(type(self)):
-            return tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.compare)
-        return (json.dumps(self.config(), sort_keys=True),)
+        """What equality and the hash compare: the class and its compared fields' values (or the
+        `config()` JSON of a subclass with its own `__init__`)."""
+        cls = type(self)
+        if not _declares_fields(cls):
+            return (json.dumps(self.config(), sort_keys=True),)
+        if cls not in _COMPARED:
+            names = [f.name for f in dataclasses.fields(cls) if f.compare]
+            _COMPARED[cls] = operator.attrgetter("__class__", *names) if names else lambda obj: (type(obj),)
+        return _COMPARED[cls](self)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, LearnedOptimizer):
