@@ -8,14 +8,19 @@
     NormalizeByInitialLoss(f)        L ← L / L₀ with L₀ the task's first training loss (kept in
                                       model_state), so every task starts at ~1
 
-Each wrapper's cfg is {"inner": inner_cfg, ...its own per-task values}; they compose.
+Each wrapper's cfg is {"inner": inner_cfg, ...its own per-task values}; they compose. Wrapping
+a family reads no data: a wrapper's `data` is its inner family's, loaded on first use.
 """
 from __future__ import annotations
+
+import functools
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
 
 from tasks.base import Task, TaskFamily, check_range, log_uniform, scaled_normalizer
+from tasks.nets import ImageClassifierFamily
 
 
 class WrappedTask(Task):
@@ -45,8 +50,24 @@ class _WrappedFamily(TaskFamily):
         if not isinstance(family, TaskFamily):
             raise TypeError(f"expected a tasks.TaskFamily, got {type(family).__name__}")
         self.family = family
-        self.data = family.data
         self.name = f"{family.name}_{suffix}"
+
+    @property
+    def data(self):
+        """The inner family's data (loaded on first use, not when the family is wrapped)."""
+        return self.family.data
+
+
+def _static_batch_size(family: TaskFamily) -> Optional[int]:
+    """The batch size of `family.data`, read without loading the data where the family states it
+    (image-classifier families and these wrappers); None for a family without data."""
+    if isinstance(family, ReducedBatchSize):
+        return family.batch_size
+    if isinstance(family, _WrappedFamily):
+        return _static_batch_size(family.family)
+    if isinstance(family, ImageClassifierFamily):
+        return family.batch_size
+    return None if family.data is None else int(family.data.batch_size)
 
 
 class _ScaledTask(WrappedTask):
@@ -76,9 +97,13 @@ class ScaleReparam(_WrappedFamily):
     def __init__(self, family: TaskFamily, scale_range: tuple[float, float] = (0.1, 10.0)):
         super().__init__(family, "reparam")
         self.scale_range = check_range(scale_range, "scale_range")
-        key = jax.random.key(0)
-        self._treedef = jax.tree_util.tree_structure(jax.eval_shape(
-            lambda k: family.task_fn(family.sample(k)).init_with_state(k)[0], key))
+
+    @functools.cached_property
+    def _treedef(self):
+        # The params' structure: shapes only, but task_fn needs the inner family's data (on first use).
+        family = self.family
+        return jax.tree_util.tree_structure(jax.eval_shape(
+            lambda k: family.task_fn(family.sample(k)).init_with_state(k)[0], jax.random.key(0)))
 
     def sample(self, key):
         k_inner, k_scale = jax.random.split(key)
@@ -107,12 +132,18 @@ class ReducedBatchSize(_WrappedFamily):
     """
 
     def __init__(self, family: TaskFamily, batch_size: int):
-        if family.data is None:
+        inner = _static_batch_size(family)
+        if inner is None:
             raise ValueError(f"ReducedBatchSize needs a family with data; {family.name} has none")
-        if not 0 < int(batch_size) <= family.data.batch_size:
-            raise ValueError(f"batch_size must be in [1, {family.data.batch_size}], got {batch_size}")
+        if not 0 < int(batch_size) <= inner:
+            raise ValueError(f"batch_size must be in [1, {inner}], got {batch_size}")
         super().__init__(family, f"bs{int(batch_size)}")
-        self.data = family.data.with_batch_size(int(batch_size))
+        self.batch_size = int(batch_size)
+
+    @functools.cached_property
+    def data(self):
+        """The inner family's data with this batch size (the same arrays; loaded on first use)."""
+        return self.family.data.with_batch_size(self.batch_size)
 
     def sample(self, key):
         return self.family.sample(key)

@@ -5,10 +5,12 @@
 - `scaled_init`: the fan-in truncated-normal initialiser times a (traced) scale.
 - `classification_data`: a dataset name or DataSource checked to hold images and class labels.
 - `ImageClassifierFamily`: the base of image-classifier families, which sample an init scale
-  (log-uniform) and an activation (uniform over the choices) per task.
+  (log-uniform) and an activation (uniform over the choices) per task; a named dataset is
+  loaded on the first use of `family.data`, not when the family is built.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence, Union
 
 import haiku as hk
@@ -72,14 +74,24 @@ class ImageClassifierFamily(TaskFamily):
     choices, and a per-task init scale (log-uniform in `init_scale_range`) and activation
     (uniform over `activations`): `sample(key)` -> {"init_scale": float32 [], "activation": int32 []}.
 
+    Constructing a family reads no file: its static description (`dataset`, `batch_size`, the
+    architecture) is known without the data, which a named dataset loads on the first use of
+    `data` (by `task_fn`, an estimator or a training loop). A missing dataset raises
+    `tasks.datasets.DatasetNotFoundError` there, naming its files, the directories searched and
+    how to get them; an unknown dataset name is refused at construction.
+
     Subclasses add their architecture and implement `task_fn`.
 
     Args:
       dataset: a registered dataset name or a DataSource with images and class labels.
-      batch_size: the batch size of a named dataset.
+      batch_size: the batch size of a named dataset (a DataSource keeps its own).
       init_scale_range: (lo, hi), 0 < lo ≤ hi, of the initialiser's scale.
       activations: the names (keys of `ACTIVATIONS`) a task's activation is drawn from.
       what: the subclass's name, for error messages.
+
+    Attributes:
+      dataset: the dataset's name (a DataSource's `name`).
+      batch_size: the data's batch size.
     """
 
     def __init__(self, dataset: Union[str, Any], batch_size: int, init_scale_range: tuple[float, float],
@@ -88,10 +100,20 @@ class ImageClassifierFamily(TaskFamily):
             if a not in ACTIVATIONS:
                 raise ValueError(f"unknown activation {a!r}; choose from {sorted(ACTIVATIONS)}")
         self.init_scale_range = check_range(init_scale_range, "init_scale_range")
-        self.batch_size = int(batch_size)
         self.activations = tuple(activations)
-        self.data, _ = classification_data(dataset, batch_size, what)
-        self.dataset = dataset if isinstance(dataset, str) else self.data.name
+        self._what = what
+        if isinstance(dataset, str):
+            self.batch_size = check_count(batch_size, f"{what}: batch_size")
+            self.dataset = registry.check_dataset_name(dataset)
+        else:  # a DataSource is already in memory: check it now
+            self.data, _ = classification_data(dataset, batch_size, what)
+            self.batch_size = int(self.data.batch_size)
+            self.dataset = self.data.name
+
+    @functools.cached_property
+    def data(self) -> Any:
+        """The family's DataSource, loaded on first use (see the class docstring)."""
+        return classification_data(self.dataset, self.batch_size, self._what)[0]
 
     def sample(self, key: jax.Array) -> dict:
         k1, k2 = jax.random.split(key)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Callable, Union
 
+import jax
+
 from tasks.base import check_count
 from tasks.datasets.data_source import DataSource
 
@@ -42,17 +44,42 @@ def _path_factory(name: str):
     return None
 
 
-def get_dataset(name: str, batch_size: int) -> DataSource:
-    """The named dataset with this batch size; loaded once per process and shared."""
+def _factory(name: str) -> Callable[..., DataSource]:
     _ensure_builtins()
     factory = _DATASETS.get(name) or _path_factory(name)
     if factory is None:
         raise ValueError(f"unknown dataset {name!r}; registered datasets: {sorted(_DATASETS)} "
                          f"(or 'npz:PATH', 'text:PATH')")
+    return factory
+
+
+def check_dataset_name(name: str) -> str:
+    """`name` if it names a dataset (registered, or 'npz:PATH' / 'text:PATH'); reads no file.
+
+    Raises:
+      ValueError: an unknown name (the message lists the registered ones).
+    """
+    _factory(name)
+    return name
+
+
+def get_dataset(name: str, batch_size: int) -> DataSource:
+    """The named dataset with this batch size; loaded once per process and shared.
+
+    Loading runs eagerly even when called while jax traces a function (the arrays are concrete,
+    never tracers), so the first use of a dataset may be inside jit.
+
+    Raises:
+      ValueError: an unknown name.
+      tasks.datasets.DatasetNotFoundError: the dataset's files are missing (the message names
+        them, the directories searched and how to get them).
+    """
+    factory = _factory(name)
     key = (name, check_count(batch_size, f"get_dataset({name!r}): batch_size"))
     if key not in _CACHE:
         base = next((v for (n, _), v in _CACHE.items() if n == name), None)
-        _CACHE[key] = base.with_batch_size(batch_size) if base is not None else factory(batch_size=batch_size)
+        with jax.ensure_compile_time_eval():  # cached for the process: must not hold a trace's tracers
+            _CACHE[key] = base.with_batch_size(batch_size) if base is not None else factory(batch_size=batch_size)
     return _CACHE[key]
 
 

@@ -10,7 +10,7 @@ the model kind, the dataset (with its resolution), the architecture (layer sizes
 activation, sequence length) and the batch size. Per-seed values (initialisation, batch order)
 are not part of it. `static_configs(family)` lists every static config a (meta-training) family
 can draw, and `overlaps(suite_tasks, family)` the suite tasks whose static config it can draw:
-a shipped optimizer's meta-training family must have none.
+a shipped optimizer's meta-training family must have none. Neither reads a dataset file.
 
 Suites (`names()`):
 
@@ -92,13 +92,27 @@ class SuiteTask:
         return _canonical({"kind": self.kind, "dataset": self.dataset, "batch_size": self.batch_size,
                            **dict(self.arch)})
 
-    def build(self) -> TaskFamily:
+    def build(self, *, load_data: bool = True) -> TaskFamily:
         """The task as a TaskFamily whose every draw is the same task (init scale 1, one activation).
 
+        Args:
+          load_data: load the dataset now (for training or evaluation), so that a missing one is
+            reported here; False builds the family's static description only, reading no file
+            (its data then loads on first use of `family.data`).
+
         Returns:
-          the TaskFamily; its `static_configs` is `[self.static_config()]`. Loading the dataset
-          may raise `tasks.datasets.DatasetNotFoundError` (naming the directories searched).
+          the TaskFamily; its `static_configs` is `[self.static_config()]`.
+
+        Raises:
+          tasks.datasets.DatasetNotFoundError: (load_data only) the dataset's files are missing;
+            the message names them, the directories searched and how to get them.
         """
+        family = self._family()
+        if load_data:
+            family.data  # the first use of `data` loads a named dataset
+        return family
+
+    def _family(self) -> TaskFamily:
         a = {**dict(self.arch), **dict(self.options)}
         if self.kind == "image_mlp":
             return ImageMLPFamily(self.dataset, a["hidden_sizes"], batch_size=self.batch_size,
@@ -273,7 +287,8 @@ def static_configs(family: Any) -> list[tuple]:
     dicts; the built-in families are read here: image MLPs (one config per activation choice),
     convnets, byte LMs, linear regressions, quadratics and 2-D functions; augmentation wrappers
     report their inner family's, `ReducedBatchSize` with its batch size; an object with a
-    `families` sequence (a mixture) reports the union of its members'.
+    `families` sequence (a mixture) reports the union of its members'. No dataset is loaded: the
+    built-in families state their dataset, batch size and architecture without their data.
 
     Args:
       family: a TaskFamily (a single Task lifted by `single_task_family` has none here).
@@ -294,11 +309,11 @@ def _static_configs(family: Any) -> list[tuple]:
     if callable(own):
         return [c if isinstance(c, tuple) else _canonical(c) for c in own()]
     if isinstance(family, ImageMLPFamily):
-        return [_canonical({"kind": "image_mlp", "dataset": family.dataset, "batch_size": family.data.batch_size,
+        return [_canonical({"kind": "image_mlp", "dataset": family.dataset, "batch_size": family.batch_size,
                             "hidden_sizes": family.hidden_sizes, "norm": family.norm, "activation": act})
                 for act in family.activations]
     if isinstance(family, ConvFamily):
-        return [_canonical({"kind": "conv", "dataset": family.dataset, "batch_size": family.data.batch_size,
+        return [_canonical({"kind": "conv", "dataset": family.dataset, "batch_size": family.batch_size,
                             "channels": family.channels, "kernel_size": family.kernel_size, "activation": act})
                 for act in family.activations]
     if isinstance(family, ByteLMFamily):
@@ -316,7 +331,7 @@ def _static_configs(family: Any) -> list[tuple]:
     if isinstance(family, Function2DFamily):
         return [_canonical({"kind": "function2d", "function": family.function})]
     if isinstance(family, augment.ReducedBatchSize):
-        return [_canonical({**dict(c), "batch_size": family.data.batch_size})
+        return [_canonical({**dict(c), "batch_size": family.batch_size})
                 for c in _static_configs(family.family) if "batch_size" in dict(c)] + \
                [c for c in _static_configs(family.family) if "batch_size" not in dict(c)]
     if isinstance(family, TaskFamily) and isinstance(getattr(family, "family", None), TaskFamily):

@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import tasks
+from tasks import registry
+from tasks.datasets import DatasetNotFoundError, locate
 from tasks.families import sample_family_for_period
 from tasks.functions2d import FUNCTIONS
+from tests.tasks.datasets.conftest import write_fake_mnist
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,43 @@ def test_reduced_batch_size_and_init_loss_normalisation():
     inner = reg.task_fn(fam.sample(jax.random.key(0)))
     np.testing.assert_allclose(l2 * s1["initial_loss"], inner.loss(p2, jax.random.key(3), b), rtol=1e-5)
     assert float(s2["initial_loss"]) == float(s1["initial_loss"])
+
+
+def test_a_family_reads_no_file_until_its_data_is_used(monkeypatch, tmp_path):
+    """Building (and wrapping) a family is its static description; the dataset loads on first use of
+    `data` (by task_fn, sample's shapes, training), which reports missing files, inside jit too."""
+    monkeypatch.delenv("LOPT_DATA_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(locate, "SYSTEM_DIRS", {})  # only what this test writes is found
+    monkeypatch.setattr(registry, "_CACHE", {})
+    inner = tasks.ImageMLPFamily("fashion_mnist_7", (8,), batch_size=32, activations=("tanh",))
+    family = tasks.ReducedBatchSize(tasks.GradientNoise(tasks.ScaleReparam(inner)), 8)
+    assert (inner.dataset, inner.batch_size, family.batch_size) == ("fashion_mnist_7", 32, 8)
+    assert family.name == "image_mlp_family_fashion_mnist_7_8_reparam_gradnoise_bs8"
+    assert tasks.suites.static_configs(family) == [(("activation", "tanh"), ("batch_size", 8),
+                                                    ("dataset", "fashion_mnist_7"), ("hidden_sizes", (8,)),
+                                                    ("kind", "image_mlp"), ("norm", None))]
+    with pytest.raises(ValueError, match="batch_size must be in \\[1, 32\\]"):
+        tasks.ReducedBatchSize(inner, 64)
+    with pytest.raises(ValueError, match="unknown dataset 'fashion_mnist_77'"):  # a typo still fails at once
+        tasks.ImageMLPFamily("fashion_mnist_77")
+
+    key = jax.random.key(0)
+    init = jax.jit(lambda k: family.task_fn(family.sample(k)).init(k))
+    missing = (r"dataset 'fashion_mnist': looked for \['train-images-idx3-ubyte.gz'.*\.cache/lopt/fashion_mnist"
+               r".*apt-get install dataset-fashion-mnist")
+    for first_use in (lambda: family.data, lambda: inner.task_fn(inner.sample(key)), lambda: family.sample(key),
+                      lambda: init(key)):
+        with pytest.raises(DatasetNotFoundError, match=missing):
+            first_use()
+
+    write_fake_mnist(tmp_path / ".cache" / "lopt" / "fashion_mnist")
+    params = init(key)  # the first load runs while jit traces: the cached arrays must be concrete
+    assert params["linear"]["w"].shape == (49, 8)
+    assert family.data.batch_size == 8 and inner.data.batch_size == 32 and inner.data.num_classes == 10
+    for leaf in jax.tree_util.tree_leaves(registry.get_dataset("fashion_mnist_7", 32)):
+        assert np.asarray(leaf).shape[1:] in ((7, 7, 1), ())  # a leaked tracer would raise here
+    assert family.data.batch(key)["image"].shape == (8, 7, 7, 1)
 
 
 def test_host_samplers_are_deterministic_and_varied():

@@ -7,10 +7,20 @@ import gin
 import pytest
 
 import tasks
-from tasks import suites
-from tasks.datasets import DatasetNotFoundError
+from tasks import registry, suites
+from tasks.datasets import DatasetNotFoundError, image_files, locate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def reads_no_dataset_file(monkeypatch):
+    """Fails the test if a dataset file is looked for: static configs and overlaps must come from
+    the families' static description, never from loading their data (so they run without it)."""
+    def refuse(name, *args, **kwargs):
+        raise AssertionError(f"dataset {name!r} was loaded: a static check must not need its files")
+    monkeypatch.setattr(registry, "_CACHE", {})
+    monkeypatch.setattr(image_files, "find_files", refuse)
 
 
 def test_suites_by_name_and_an_unknown_name_lists_them():
@@ -34,29 +44,30 @@ def test_heldout_cpu_spans_datasets_architectures_and_horizons():
     assert 2 <= len(smoke) <= 3 and all(t.num_steps <= 100 for t in smoke)
 
 
-def test_built_families_report_exactly_the_declared_static_config():
-    """What the overlap check compares is what `build` trains."""
-    for t in suites.get("heldout-cpu") + suites.get("smoke"):
-        try:
-            family = t.build()
-        except DatasetNotFoundError as e:  # only Fashion-MNIST needs files; the error must say which and where
-            assert t.dataset.startswith("fashion_mnist") and "fashion_mnist" in str(e) and "looked for" in str(e)
-            continue
+def test_built_families_report_exactly_the_declared_static_config(reads_no_dataset_file):
+    """What the overlap check compares is what `build` trains; it is read without the data."""
+    for t in suites.get("heldout-cpu-mnist") + suites.get("validation-cpu") + suites.get("smoke"):
+        family = t.build(load_data=False)
         assert suites.static_configs(family) == [t.static_config()], t.name
         assert len(family.activations if hasattr(family, "activations") else [None]) == 1
 
 
 def test_a_missing_dataset_gives_an_error_naming_it(monkeypatch, tmp_path):
+    """`build` loads the data (evaluation needs it), so a missing dataset is reported there, by name."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("LOPT_DATA_DIR", raising=False)
+    monkeypatch.setattr(locate, "SYSTEM_DIRS", {})  # missing here even where a distribution package installed it
+    monkeypatch.setattr(registry, "_CACHE", {})
     mnist = [t for t in suites.get("heldout-cpu-mnist") if t.dataset.startswith("mnist")]
     assert len(mnist) == 2
-    if os.path.isdir("/usr/share/datasets/mnist"):
-        pytest.skip("MNIST files are installed system-wide here, so they cannot be missing")
-    from tasks import registry
-    monkeypatch.setattr(registry, "_CACHE", {})
     with pytest.raises(DatasetNotFoundError, match=r"dataset 'mnist': looked for .* To get them"):
         mnist[0].build()
+    fmnist = next(t for t in suites.get("heldout-cpu") if t.dataset.startswith("fashion_mnist"))
+    family = fmnist.build(load_data=False)  # the static description needs no file
+    with pytest.raises(DatasetNotFoundError, match=r"dataset 'fashion_mnist': .*apt-get install dataset-fashion-mnist"):
+        family.data
+    with pytest.raises(DatasetNotFoundError, match=r"dataset 'fashion_mnist': .*apt-get install dataset-fashion-mnist"):
+        fmnist.build()
 
 
 def test_grammar_text_is_fixed_ascii_sentences():
@@ -95,7 +106,7 @@ def _meta_training_families(path, tmp_path, monkeypatch):
     return [est.truncated_step.task_family for est in captured]
 
 
-def test_no_suite_task_is_in_a_shipped_optimizers_meta_training_family(tmp_path, monkeypatch):
+def test_no_suite_task_is_in_a_shipped_optimizers_meta_training_family(tmp_path, monkeypatch, reads_no_dataset_file):
     suite = suites.get("heldout-cpu-mnist")  # a superset of heldout-cpu
     configs = sorted(glob.glob(os.path.join(ROOT, "scripts", "configs", "pretrained_*.gin")))
     configs.append(os.path.join(ROOT, "scripts", "configs", "quickstart.gin"))
@@ -126,10 +137,10 @@ def test_no_suite_task_is_in_a_shipped_optimizers_meta_training_family(tmp_path,
         suites.static_configs(type("Opaque", (tasks.TaskFamily,), {})())
 
 
-def test_validation_suite_is_disjoint_from_the_test_suite():
+def test_validation_suite_is_disjoint_from_the_test_suite(reads_no_dataset_file):
     """validation-cpu picks checkpoints; none of its tasks may be (or draw) a heldout-cpu task."""
     test = {t.static_config() for t in suites.get("heldout-cpu-mnist")}
     val = suites.get("validation-cpu")
     assert len(val) >= 5 and not test & {t.static_config() for t in val}
     for t in val:
-        assert suites.overlaps(suites.get("heldout-cpu-mnist"), t.build()) == [], t.name
+        assert suites.overlaps(suites.get("heldout-cpu-mnist"), t.build(load_data=False)) == [], t.name
