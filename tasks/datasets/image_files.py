@@ -22,6 +22,9 @@ CIFAR10_TRAIN_FILES = tuple(f"data_batch_{i}.bin" for i in range(1, 6))
 CIFAR10_TEST_FILES = ("test_batch.bin",)
 CIFAR10_RECORD = 1 + 32 * 32 * 3  # label byte + CHW uint8 pixels
 TRAIN_FRACTIONS = (0.8, 0.1, 0.1, 0.0)  # of the official training set; test = official test set
+# Each dataset's files and the subdirectories of a candidate dir they may sit in.
+DATASET_FILES = {"mnist": (MNIST_FILES, ("",)), "fashion_mnist": (MNIST_FILES, ("",)),
+                 "cifar10": (CIFAR10_TRAIN_FILES + CIFAR10_TEST_FILES, ("", "cifar-10-batches-bin"))}
 
 
 class CIFARFormatError(ValueError):
@@ -37,6 +40,18 @@ def downsample(images: np.ndarray, factor: int) -> np.ndarray:
         raise ValueError(f"image size {h}x{w} is not divisible by downsample factor {factor}")
     pooled = images.reshape(n, h // factor, factor, w // factor, factor, c).astype(np.float32).mean(axis=(2, 4))
     return np.round(pooled).astype(images.dtype) if np.issubdtype(images.dtype, np.integer) else pooled
+
+
+def dataset_files(name: str, data_dir: Optional[str | os.PathLike] = None, *,
+                  search: Optional[Sequence[str | os.PathLike]] = None) -> list:
+    """The paths of dataset `name`'s files ("mnist", "fashion_mnist", "cifar10"), found as the
+    loaders find them (`tasks.datasets.locate.find_files`; `search` replaces the candidate dirs),
+    without reading them. Raises DatasetNotFoundError naming the files, the directories searched
+    and how to get them."""
+    if name not in DATASET_FILES:
+        raise ValueError(f"dataset_files: unknown dataset {name!r}; known: {sorted(DATASET_FILES)}")
+    files, subdirs = DATASET_FILES[name]
+    return find_files(name, files, data_dir, subdirs=subdirs, search=search)
 
 
 def read_idx_pair(images_path, labels_path, num_classes: int = 10) -> tuple[np.ndarray, np.ndarray]:
@@ -102,8 +117,7 @@ def cifar10(batch_size: int = 128, *, data_dir: Optional[str | os.PathLike] = No
             downsample_factor: int = 1, fractions: Sequence[float] = TRAIN_FRACTIONS) -> DataSource:
     """CIFAR-10: {"image": [B, 32/f, 32/f, 3] uint8, "label": [B] int32}, 10 classes, read from
     data_batch_{1..5}.bin and test_batch.bin (the binary version, in `cifar-10-batches-bin/` or not)."""
-    paths = find_files("cifar10", CIFAR10_TRAIN_FILES + CIFAR10_TEST_FILES, data_dir,
-                       subdirs=("", "cifar-10-batches-bin"))
+    paths = dataset_files("cifar10", data_dir)
     train = [read_cifar10_batch(p) for p in paths[:5]]
     test = read_cifar10_batch(paths[5])
     train = (np.concatenate([t[0] for t in train]), np.concatenate([t[1] for t in train]))

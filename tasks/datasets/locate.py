@@ -16,8 +16,11 @@ SYSTEM_DIRS: dict[str, tuple[str, ...]] = {
     "cifar10": ("/usr/share/datasets/cifar10",),
 }
 
+# The distribution packages that install a dataset into its SYSTEM_DIRS.
+SYSTEM_PACKAGES: dict[str, str] = {"fashion_mnist": "dataset-fashion-mnist"}
+
 HOW_TO_GET: dict[str, str] = {
-    "fashion_mnist": "install the Debian package (apt-get install dataset-fashion-mnist), or run "
+    "fashion_mnist": f"install the Debian package (apt-get install {SYSTEM_PACKAGES['fashion_mnist']}), or run "
                      "`python -m tasks.datasets.download fashion_mnist`",
     "mnist": "run `python -m tasks.datasets.download mnist`, or copy the four IDX files there",
     "cifar10": "run `python -m tasks.datasets.download cifar10`, or extract cifar-10-binary.tar.gz there",
@@ -60,13 +63,16 @@ def _variants(filename: str) -> tuple[str, str]:
 
 
 def find_files(name: str, filenames: Sequence[str], data_dir: Optional[str | os.PathLike] = None, *,
-               subdirs: Sequence[str] = ("",)) -> list[Path]:
+               subdirs: Sequence[str] = ("",), search: Optional[Sequence[str | os.PathLike]] = None) -> list[Path]:
     """Paths of `filenames` (gz or not) from the first candidate dir that holds all of them.
 
-    `subdirs` are also tried inside each candidate (e.g. CIFAR-10's "cifar-10-batches-bin").
+    `subdirs` are also tried inside each candidate (e.g. CIFAR-10's "cifar-10-batches-bin");
+    `search`, if given, replaces `candidate_dirs(name, data_dir)` (e.g. only `SYSTEM_DIRS[name]`).
+    Only file names are checked: nothing is read.
     Raises DatasetNotFoundError listing the files, the directories searched and how to get them.
     """
-    dirs = [d / s if s else d for d in candidate_dirs(name, data_dir) for s in subdirs]
+    roots = candidate_dirs(name, data_dir) if search is None else [Path(d) for d in search]
+    dirs = [d / s if s else d for d in roots for s in subdirs]
     for d in dirs:
         found = []
         for f in filenames:

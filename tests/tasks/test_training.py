@@ -1,13 +1,10 @@
 """Adam for 200 steps (one jitted lax.scan per task) at least halves each image task's loss."""
-import os
-
 import jax
 import optax
 import pytest
 
 import tasks
-
-FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+from tests.conftest import requires_dataset
 
 
 def _train(task, steps=200, lr=1e-2):
@@ -53,8 +50,7 @@ def test_adam_halves_image_task_loss(name):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.isdir(FASHION_DIR),
-                    reason=f"Fashion-MNIST files absent ({FASHION_DIR}); apt-get install dataset-fashion-mnist")
+@requires_dataset("fashion_mnist")
 def test_adam_halves_fashion_mnist_mlp_loss():
     before, after = _train(tasks.ImageMLPTask("fashion_mnist", (32,), batch_size=32), lr=3e-3)
     assert after < 0.5 * before, f"{before:.3f} -> {after:.3f}"

@@ -1,6 +1,4 @@
 """Every built-in task family, adapter and augmentation through the shared checks."""
-import os
-
 import flax.linen as nn
 import haiku as hk
 import jax
@@ -9,9 +7,9 @@ from flax import nnx
 
 import tasks
 from tasks.datasets import byte_sequences, signals1d
+from tests.conftest import requires_dataset
 from tests.tasks.task_checks import check_family
 
-FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 TEXT = (b"the quick brown fox jumps over the lazy dog. " * 20 + b"pack my box with five dozen liquor jugs! " * 20)
 
 
@@ -78,8 +76,7 @@ def test_family(name, data, compile_counter):
     check_family(FAMILIES[name](data), compile_counter)
 
 
-@pytest.mark.skipif(not os.path.isdir(FASHION_DIR),
-                    reason=f"Fashion-MNIST files absent ({FASHION_DIR}); apt-get install dataset-fashion-mnist")
+@requires_dataset("fashion_mnist")
 def test_fashion_mnist_family(compile_counter):
     check_family(tasks.ImageMLPFamily("fashion_mnist", (16,), batch_size=16), compile_counter)
 

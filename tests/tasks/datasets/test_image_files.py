@@ -1,5 +1,3 @@
-import os
-
 import jax
 import numpy as np
 import pytest
@@ -7,9 +5,8 @@ import pytest
 import tasks
 from tasks.datasets import (CIFARFormatError, DatasetNotFoundError, IDXFormatError, cifar10, fashion_mnist, mnist,
                             read_cifar10_batch, write_idx)
+from tests.conftest import requires_dataset
 from tests.tasks.datasets.conftest import cifar_records, write_fake_cifar, write_fake_mnist
-
-FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 
 
 def _rows(a):
@@ -109,8 +106,7 @@ def test_cifar10_corrupt(tmp_path):
         read_cifar10_batch(tmp_path / "l.bin")
 
 
-@pytest.mark.skipif(not os.path.isdir(FASHION_DIR),
-                    reason=f"Fashion-MNIST files absent ({FASHION_DIR}); apt-get install dataset-fashion-mnist")
+@requires_dataset("fashion_mnist", system_copy=True)
 def test_real_fashion_mnist_from_debian(monkeypatch, tmp_path):
     monkeypatch.delenv("LOPT_DATA_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
