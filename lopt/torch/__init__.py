@@ -1,0 +1,35 @@
+"""Use a meta-trained lopt optimizer from PyTorch: `lopt.torch.optimizer(source, params, num_steps=N)`.
+
+    import lopt.torch
+    opt = lopt.torch.optimizer("normmlp_v3", model.parameters(), num_steps=1000)
+    opt.step(closure)                       # the closure returns the loss (the shipped ones read it)
+
+`source` is a shipped name (`lopt.pretrained.names()`), a theta file (`lopt.save_theta`), or a
+`(learned_opt, theta)` pair; every architecture of `lopt.architectures()` has a torch rule.
+
+The update is each architecture's own, re-implemented in torch ops reading theta (one module per
+architecture, `lopt.torch.<module>` mirroring `lopt.<module>`), so it runs torch-native on any
+device, CPU or CUDA, with no JAX call per step; tests/lopt/test_torch.py checks that it matches the
+JAX transform `learned_opt.opt_fn(theta, num_steps=N)`, fed the same gradients and losses.
+
+Layouts: torch's nn.Linear weight is [out, in] and nn.ConvNd's [out, in, *k], where flax's kernels
+are [in, out] and [*k, in, out]. The rules that depend on axes (factored row/column statistics,
+fan-in) read each parameter in the JAX layout; the default assumes the torch convention, and a
+parameter group's `layout` option overrides it (`lopt.torch.layout`).
+
+This subpackage needs PyTorch (`pip install "lopt[torch]"`); `import lopt` does not import it.
+"""
+try:
+    import torch as _torch  # noqa: F401  (the subpackage's only third-party requirement beyond lopt's)
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError('lopt.torch needs PyTorch: pip install "lopt[torch]" (or pip install torch)') from e
+
+from lopt.torch import (adafac_mlp_lopt, hyper_lopt, learnable_hparams, mlp_lopt, nn_adam,  # noqa: F401  (register)
+                        norm_mlp_lopt, rnn_mlp_lopt)
+from lopt.torch.layout import default_axes, from_jax, resolve_axes, to_jax
+from lopt.torch.optimizer import TorchLearnedOptimizer, default_chunk, optimizer
+from lopt.torch.rule import RULES, Rule, rule_for, supported_architectures
+from lopt.torch.source import resolve
+
+__all__ = ["optimizer", "TorchLearnedOptimizer", "supported_architectures", "rule_for", "Rule", "RULES",
+           "resolve", "default_axes", "resolve_axes", "to_jax", "from_jax", "default_chunk"]

@@ -1,0 +1,71 @@
+"""HyperLOpt's update in torch (`lopt.hyper_lopt`): a per-tensor LSTM generating each tensor's MLP.
+
+AdafacMLPLOpt's accumulators and features per tensor (`lopt.torch.adafac_mlp_lopt.FactoredLeaf`,
+factored over the JAX layout's last two axes). The LSTM (state "lstm_h", "lstm_c" per parameter)
+reads z_i = [log mean x_f²/10 (F), log(1 + numel)/10, emb(t), progress(t, N), loss features] and
+generates tensor i's MLP weights w_i = w_base + (h_i G)·gen_scale and its step multiplier
+exp(h_i · w_lr):
+
+    Δp = −d · exp(m · exp_mult) · (step_mult · exp(h_i · w_lr)).
+"""
+from __future__ import annotations
+
+import torch
+
+from lopt.torch import common
+from lopt.torch.adafac_mlp_lopt import FactoredLeaf, decays_of, factored_state
+from lopt.torch.rnn_mlp_lopt import lstm_inputs, lstm_state, run_lstm
+from lopt.torch.rule import Rule, register
+
+__all__ = ["HyperLOptRule"]
+
+
+@register("HyperLOpt")
+class HyperLOptRule(Rule):
+    """`lopt.HyperLOpt`'s update (the math is in the module docstring).
+
+    Args:
+      learned_opt: the `lopt.HyperLOpt`.
+      theta: its meta-parameters (numpy arrays).
+    """
+
+    reads_loss = True
+
+    def init_state(self, param, axes, dtype):
+        lo = self.learned_opt
+        return {**factored_state(param, axes, len(lo.momentum_decays), len(lo.adafactor_decays), dtype),
+                **lstm_state(param, lo.lstm_hidden, dtype)}
+
+    def updates(self, items, ctx):
+        lo, th = self.learned_opt, ctx.theta
+        loss_feats = self.loss_features(items, ctx)
+        dec = decays_of(th["decays"])
+        leaves, stats = [], []
+        for it in items:
+            if it.param.numel() == 0:
+                leaves.append(None)
+                stats.append(torch.ones((lo.num_features,), dtype=ctx.dtype, device=ctx.device))
+                continue
+            leaf = FactoredLeaf(it, ctx.dtype)
+            leaf.accumulate(dec)
+            stats.append(leaf.mean_squares())
+            leaves.append(leaf)
+        stats = torch.stack(stats)
+        ctx_feats = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items), loss_feats], dim=1)
+        h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
+        weights = th["w_base"] + (h @ th["generator"]) * lo.gen_scale
+        lr_mult = torch.exp(h @ th["w_lr"])
+        out = []
+        for i, (it, leaf) in enumerate(zip(items, leaves)):
+            if leaf is None:
+                out.append(torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device))
+                continue
+            layers, at = [], 0
+            for a, b in lo._layer_shapes():
+                layers.append((weights[i, at:at + a * b].reshape(a, b), weights[i, at + a * b:at + a * b + b]))
+                at += a * b + b
+            layers[0] = (layers[0][0] * torch.rsqrt(stats[i] + common.EPS)[:, None], layers[0][1])
+            mult = lo.step_mult * lr_mult[i]
+            step = leaf.mlp_map(common.as_columns(layers), lambda o: o[0] * torch.exp(o[1] * lo.exp_mult) * mult)
+            out.append(torch.neg(step))
+        return out

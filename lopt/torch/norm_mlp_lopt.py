@@ -1,0 +1,153 @@
+"""NormMLPLOpt's update in torch (`lopt.norm_mlp_lopt`; the shipped optimizers are NormMLPLOpts).
+
+Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.mlp_lopt`):
+
+    a   = m̂_0.9 / (√v̂ + 1e-8)                       Adam's direction, bias-corrected at t + 1
+    r   = MLP(x; b + emb(t) W_time)                  the learned residual (x RMS-normalised)
+    u   = a + r    (or a + B tanh(r / B) with `residual_bound` B)
+    u   ← NS(u)    with `orthogonalize`, 2-D tensors (both sides > 1), in JAX layout
+    u   ← clip(u / (rms(u) + 1e-8), −c, c)  with `normalize_update`, else clip(u, −c, c)
+    Δp  = −η_kind · σ(t, N) · ρ(p) · u              (ndim < 2 with vector_rule "adam": −η · σ · ρ · a)
+
+η = base_lr · exp(log_lr_range · tanh(s)), s from the step-size MLP on [emb(t), progress(t, N),
+loss features]; σ the prior schedule ("constant" or warm-up + cosine over N); ρ(p) the step
+scale fixed at the state's init (`relative_step`: max(rms(p₀), floor), times √(fan_in_ref / fan_in)
+with fan_in = ∏ of the JAX-layout shape but its last axis, the output axis).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lopt.norm_mlp_lopt import WARMUP_FRACTION
+from lopt.torch import common
+from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
+from lopt.torch.rule import Context, Rule, register
+
+__all__ = ["NormMLPLOptRule", "newton_schulz", "NS_COEFFS", "NS_STEPS"]
+
+# optax.contrib.scale_by_muon's defaults, which NormMLPLOpt's `orthogonalize` uses
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+
+
+def newton_schulz(x: torch.Tensor) -> torch.Tensor:
+    """optax's `orthogonalize_via_newton_schulz` of a matrix (Frobenius preconditioning, 5 quintic
+    steps, the wide orientation): x / (‖x‖_F + 1e-8), then x ← a x + (b A + c A²) x with A = x xᵀ.
+
+    Args:
+      x: [rows, cols], in the JAX layout (reduction axis first).
+
+    Returns:
+      The orthogonalized matrix, same shape.
+    """
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:
+        x = x.t()
+    x = x / (torch.linalg.vector_norm(x) + 1e-8)
+    a_, b_, c_ = (torch.tensor(c, dtype=torch.float32).to(x.dtype).item() for c in NS_COEFFS)
+    for _ in range(NS_STEPS):
+        a = x @ x.t()
+        b = b_ * a + c_ * (a @ a)
+        x = a_ * x + b @ x
+    return x.t() if transposed else x
+
+
+@register("NormMLPLOpt")
+class NormMLPLOptRule(Rule):
+    """`lopt.NormMLPLOpt`'s update (the math is in the module docstring).
+
+    Args:
+      learned_opt: the `lopt.NormMLPLOpt`.
+      theta: its meta-parameters (numpy arrays).
+    """
+
+    reads_loss = True
+
+    def init_state(self, param, axes, dtype):
+        lo = self.learned_opt
+        state = mlp_state(param, len(lo.decays), dtype)
+        state["loss_state"] = torch.zeros((2,), dtype=dtype, device=param.device)
+        scale = torch.ones((), dtype=dtype, device=param.device)
+        if lo.relative_step and param.ndim >= 2 and param.numel() > 0:
+            p = param.detach().to(dtype)
+            scale = torch.clamp(torch.sqrt(torch.mean(torch.square(p))), min=lo.relative_floor)
+            if lo.fan_in_ref > 0:
+                jax_shape = [param.shape[a] for a in axes]
+                scale = scale * math.sqrt(lo.fan_in_ref / math.prod(jax_shape[:-1]))
+        state["scale"] = scale
+        return state
+
+    def step_sizes(self, ctx: Context, items, loss_feats: torch.Tensor) -> torch.Tensor:
+        """η per item and kind (matrix, vector), times the prior schedule σ: [L, 2]."""
+        lo, lr = self.learned_opt, ctx.theta["lr"]
+        z = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items, lo.use_num_steps), loss_feats], dim=1)
+        h = torch.relu(z @ lr["hidden"]["w"] + lr["hidden"]["b"])
+        s = h @ lr["output"]["w"] + lr["output"]["b"]
+        lrs = lo.base_lr * torch.exp(lo.log_lr_range * torch.tanh(s))
+        return lrs * self.prior_schedule(ctx, items)[:, None]
+
+    def prior_schedule(self, ctx: Context, items) -> torch.Tensor:
+        """σ(t, N) per item, [L]: 1 ("constant" or N None), else warm-up · ½(1 + cos(π min(t/N, 1)))."""
+        lo = self.learned_opt
+        ones = torch.ones_like(ctx.steps)
+        if lo.schedule == "constant" or all(it.horizon is None for it in items):
+            return ones
+        n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
+        t = ctx.steps
+        warm = torch.clamp((t + 1.0) / torch.clamp(torch.ceil(WARMUP_FRACTION * n), min=1.0), max=1.0)
+        sched = warm * 0.5 * (1.0 + torch.cos(math.pi * torch.clamp(t / n, max=1.0)))
+        known = torch.tensor([it.horizon is not None for it in items], device=ctx.device)
+        return torch.where(known, sched, ones)
+
+    def updates(self, items, ctx):
+        lo, mlp = self.learned_opt, ctx.theta["mlp"]
+        loss_feats = self.loss_features(items, ctx)
+        lrs = self.step_sizes(ctx, items, loss_feats)
+        bias = mlp["input"]["b"] + ctx.embedding(lo.timescales) @ mlp["input"]["w_time"]
+        rest = common.as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
+                                  for i in range(1, lo.hidden_layers)] + [(mlp["output"]["w"], mlp["output"]["b"])])
+        decays = torch.tensor(lo.decays, dtype=ctx.dtype, device=ctx.device)
+        t1 = ctx.steps + 1.0
+        bc1 = 1.0 - common.pow_f32(lo.decays[lo._mom_idx], t1, ctx.dtype)
+        bc2 = 1.0 - common.pow_f32(lo.rms_decay, t1, ctx.dtype)
+        out = []
+        for i, it in enumerate(items):
+            shape = tuple(it.param.shape)
+            if it.param.numel() == 0:
+                out.append(torch.zeros(shape, dtype=ctx.dtype, device=ctx.device))
+                continue
+            is_matrix = len(shape) >= 2
+            lr = lrs[i, 0] if is_matrix else lrs[i, 1]
+            adam_only = not is_matrix and lo.vector_rule == "adam"
+            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx)
+            sums = leaf.accumulate_and_sum(decays, lo.rms_decay, want_sums=not adam_only)
+            m_idx = leaf.m[lo._mom_idx]
+
+            def adam(s, e):
+                return (m_idx[s:e] / bc1[i]) / (torch.sqrt(leaf.v[s:e] / bc2[i]) + 1e-8)
+
+            if adam_only:
+                step = lr * adam(0, leaf.n)
+            else:
+                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + common.EPS)[:, None]).t().contiguous()
+                layers = [(w1t, bias[i])] + rest
+
+                def direction(o, s, e):
+                    r = o[0]
+                    if lo.residual_bound > 0:
+                        r = lo.residual_bound * torch.tanh(r / lo.residual_bound)
+                    return adam(s, e) + r
+
+                u = leaf.mlp_map(layers, direction)
+                if lo.orthogonalize and len(shape) == 2 and min(shape) > 1:
+                    mat = u.view(shape).permute(it.axes)
+                    u = newton_schulz(mat).permute(it.axes).reshape(-1)  # a 2-D permutation is its own inverse
+                if lo.normalize_update:
+                    u = u / (torch.sqrt(torch.mean(torch.square(u))) + 1e-8)
+                u = torch.clamp_(u, -lo.clip_value, lo.clip_value)
+                step = lr * u
+            step = step * it.state["scale"]
+            out.append(torch.neg(step).view(shape))
+        return out

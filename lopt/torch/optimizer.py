@@ -1,0 +1,253 @@
+"""A meta-trained lopt optimizer as a `torch.optim.Optimizer`.
+
+    opt = lopt.torch.optimizer("normmlp_v3", model.parameters(), num_steps=1000)
+    for batch in data:
+        def closure():
+            opt.zero_grad()
+            loss = loss_fn(model(batch))
+            loss.backward()
+            return loss
+        opt.step(closure)            # or: loss.backward(); opt.step(loss=loss)
+
+Each step computes, per parameter, the update Δp of the JAX transform
+`learned_opt.opt_fn(theta, num_steps=N)` (in torch ops, `lopt.torch.rule`) and adds it: p ← p + lr·Δp
+(`lr`, 1 by default, is a multiplier torch's LR schedulers can scale). Torch's conventions hold:
+parameters without a gradient are skipped, options may differ per parameter group, the state is
+per parameter (with its own step count "step") and round-trips through `state_dict()` /
+`load_state_dict()`, so a resumed run continues bit for bit.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+
+from lopt.torch.layout import resolve_axes
+from lopt.torch.rule import Context, Item, rule_for
+from lopt.torch.source import Source, check_horizon, resolve, theta_fingerprint
+
+__all__ = ["TorchLearnedOptimizer", "optimizer", "OPTIONS", "default_chunk"]
+
+OPTIONS = ("num_steps", "lr", "layout", "chunk_size")
+_TORCH_KEYS = ("params", "param_names", "initial_lr")  # keys torch itself puts in parameter groups
+
+
+def default_chunk(device: torch.device) -> int:
+    """Elements per block of a rule's per-parameter work: 65536 on CPU (the block's features and
+    activations stay in cache), 2**20 on accelerators (fewer kernel launches)."""
+    return 65536 if torch.device(device).type == "cpu" else 1 << 20
+
+
+class TorchLearnedOptimizer(torch.optim.Optimizer):
+    """A lopt learned optimizer stepping torch parameters (build one with `lopt.torch.optimizer`).
+
+    The state of every parameter is computed in float32 (float64 for float64 parameters), as the
+    JAX optimizer computes it; the update is cast to the parameter's dtype before it is added.
+
+    Args:
+      source: the resolved source (`lopt.torch.source.resolve`).
+      params: parameters or parameter groups (dicts with "params" and any of the options).
+      num_steps: the training horizon N (steps you will take); required by shipped optimizers
+        that schedule by progress. Per group.
+      lr: a multiplier of the update (1: the learned optimizer's own step). Per group.
+      layout: how a parameter's axes map to the JAX layout (`lopt.torch.layout`): "torch" (the
+        default: nn.Linear / nn.ConvNd), "jax", a tuple of axes, a list of those (one per parameter
+        of the group), or a callable param -> layout. Per group.
+      chunk_size: elements per block of the per-parameter work (None: `default_chunk`). Per group.
+      require_loss: refuse to step an architecture that reads the loss without one (False: step it
+        with zero loss features, as the JAX transform does when `loss=` is left out).
+    """
+
+    def __init__(self, source: Source, params: Iterable, num_steps: Optional[int] = None, *, lr: float = 1.0,
+                 layout: Any = "torch", chunk_size: Optional[int] = None, require_loss: bool = True):
+        self.source = source
+        self.rule = rule_for(source.learned_opt, source.theta)
+        self.require_loss = bool(require_loss)
+        self._fingerprint = theta_fingerprint(source)
+        defaults = dict(num_steps=num_steps, lr=lr, layout=layout, chunk_size=chunk_size)
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Adds a parameter group, its options checked (see the class docstring for the options).
+
+        Args:
+          param_group: {"params": ..., option: value, ...}; options left out take the defaults.
+        """
+        unknown = sorted(k for k in param_group if k not in OPTIONS + _TORCH_KEYS)
+        if unknown:
+            raise TypeError(f"unknown option(s) {unknown} in a parameter group of a lopt.torch optimizer; "
+                            f"its options are {list(OPTIONS)}")
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        where = f"parameter group {len(self.param_groups) - 1}"
+        group["num_steps"] = check_horizon(self.source, group["num_steps"], f"num_steps of {where}")
+        lr = group["lr"]
+        if not (isinstance(lr, torch.Tensor) or (isinstance(lr, numbers.Real) and not isinstance(lr, bool))) or lr < 0:
+            raise ValueError(f"lr of {where} must be a number >= 0 (a multiplier of the learned update), got {lr!r}")
+        chunk = group["chunk_size"]
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1):
+            raise ValueError(f"chunk_size of {where} must be a positive int or None, got {chunk!r}")
+        group["layout"] = _per_param_layout(group["layout"], group["params"], where)
+        for p in group["params"]:
+            if not torch.is_floating_point(p):
+                raise TypeError(f"lopt.torch optimizers step floating-point parameters, got a {p.dtype} tensor "
+                                f"in {where}")
+
+    def _axes(self, group: dict, index: int, p: torch.Tensor) -> tuple:
+        layout = group["layout"]
+        if isinstance(layout, list):
+            layout = layout[index]
+        return resolve_axes(layout, p)
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable[[], Any]] = None, *, loss: Any = None) -> Any:
+        """One update of every parameter that has a gradient.
+
+        Args:
+          closure: re-evaluates the model and returns the loss (it runs with gradients enabled,
+            before the update); architectures that read the loss take it from here.
+          loss: the loss, when you ran forward/backward yourself (instead of a closure).
+
+        Returns:
+          The loss (the closure's value, or `loss`).
+
+        Raises:
+          ValueError: both a closure and `loss`, or neither for an architecture that reads the loss
+            (unless the optimizer was made with require_loss=False).
+        """
+        if closure is not None:
+            if loss is not None:
+                raise ValueError("pass the loss either through the closure or as loss=, not both")
+            with torch.enable_grad():
+                loss = closure()
+        if loss is None and self.rule.reads_loss and self.require_loss:
+            raise ValueError(f"{self.source.learned_opt.name} ({self.source.label}) reads the training loss: call "
+                             f"optimizer.step(closure) with a closure that computes the loss, calls backward() and "
+                             f"returns the loss, or optimizer.step(loss=loss) after your own backward(). (To run it "
+                             f"without the loss, as the JAX transform does when loss= is left out, build the "
+                             f"optimizer with require_loss=False.)")
+        buckets: dict = {}
+        for group in self.param_groups:
+            for index, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("lopt.torch optimizers do not support sparse gradients")
+                dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                state = self.state[p]
+                if not state:
+                    axes = self._axes(group, index, p)
+                    state.update(self.rule.init_state(p, axes, dtype))
+                    state["step"] = torch.zeros((), dtype=torch.int64)
+                    state["axes"] = axes
+                chunk = group["chunk_size"] or default_chunk(p.device)
+                item = Item(p, p.grad, state, tuple(state["axes"]), group["num_steps"], chunk)
+                buckets.setdefault((p.device, dtype), []).append((item, group))
+        for (device, dtype), entries in buckets.items():
+            items = [it for it, _ in entries]
+            steps = torch.tensor([float(it.state["step"]) for it in items], dtype=dtype, device=device)
+            ctx = Context(steps, _loss_tensor(loss, device, dtype), self.rule.theta_on(device, dtype), dtype, device)
+            for (it, group), u in zip(entries, self.rule.updates(items, ctx)):
+                u = u.to(it.param.dtype)
+                lr = group["lr"]
+                if isinstance(lr, numbers.Real) and lr == 1:
+                    it.param.add_(u)
+                else:
+                    it.param.add_(u * lr)
+                it.state["step"] += 1
+        return loss
+
+    def state_dict(self) -> dict:
+        """torch's state dict (per-parameter state, parameter groups) plus "lopt": the architecture,
+        its config and a fingerprint of theta, which `load_state_dict` checks."""
+        sd = super().state_dict()
+        lo = self.source.learned_opt
+        sd["lopt"] = {"architecture": lo.name, "config": lo.config(), "theta_sha256": self._fingerprint}
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Loads a state dict of an optimizer of the same architecture, config and theta.
+
+        Unlike torch's default, every state tensor keeps its saved dtype (float32 state of bfloat16
+        parameters stays float32) and is copied, so the loaded optimizer shares no tensor with the
+        dict: stepping it continues the saved run exactly.
+
+        Args:
+          state_dict: from `state_dict()` (or `torch.load` of one).
+
+        Raises:
+          ValueError: a state dict of another architecture, config or theta, or not of a lopt optimizer.
+        """
+        meta = state_dict.get("lopt")
+        lo = self.source.learned_opt
+        if not isinstance(meta, dict):
+            raise ValueError("this state dict was not written by a lopt.torch optimizer (it has no 'lopt' entry)")
+        if (meta.get("architecture"), meta.get("config")) != (lo.name, lo.config()):
+            raise ValueError(f"this state dict was written by {meta.get('architecture')}({meta.get('config')}), "
+                             f"but this optimizer is {lo!r}: build the optimizer from the same source to resume")
+        if meta.get("theta_sha256") != self._fingerprint:
+            raise ValueError(f"this state dict was written by a {lo.name} with another theta than "
+                             f"{self.source.label}'s: build the optimizer from the same theta to resume")
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "lopt"})
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(saved_ids, params):
+            if i in state_dict["state"]:
+                self.state[p] = {k: _copy_to(v, p.device, k) for k, v in state_dict["state"][i].items()}
+
+
+def _copy_to(value: Any, device: torch.device, key: str) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu" if key == "step" else device, copy=True)
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    return value
+
+
+def _per_param_layout(layout: Any, params: list, where: str) -> Any:
+    """A group's layout checked against its parameters; a callable or a per-parameter list resolved
+    to a list of axes (so the group stays picklable)."""
+    if isinstance(layout, list) and layout and not isinstance(layout[0], numbers.Integral):
+        if len(layout) != len(params):
+            raise ValueError(f"layout of {where} lists {len(layout)} layouts for {len(params)} parameters")
+        return [resolve_axes(lay, p) for lay, p in zip(layout, params)]
+    if callable(layout) and not isinstance(layout, str):
+        return [resolve_axes(layout, p) for p in params]
+    for p in params:
+        resolve_axes(layout, p)
+    return tuple(layout) if isinstance(layout, (list, tuple)) else layout
+
+
+def _loss_tensor(loss: Any, device: torch.device, dtype: torch.dtype) -> Optional[torch.Tensor]:
+    if loss is None:
+        return None
+    t = loss.detach() if isinstance(loss, torch.Tensor) else torch.as_tensor(loss)
+    if t.numel() != 1:
+        raise ValueError(f"the loss must be a scalar, got a tensor of shape {tuple(t.shape)}")
+    return t.to(device=device, dtype=dtype).reshape(())
+
+
+def optimizer(source: Any, params: Iterable, num_steps: Optional[int] = None, **options: Any) -> TorchLearnedOptimizer:
+    """A lopt learned optimizer as a `torch.optim.Optimizer` over `params`.
+
+    Args:
+      source: a shipped name (`lopt.pretrained.names()`), the path of a theta file
+        (`lopt.save_theta`), or a `(learned_opt, theta)` pair (e.g. `(lopt.MLPLOpt(), theta)`).
+      params: an iterable of parameters, or of parameter groups (dicts), as for any torch optimizer.
+      num_steps: the training horizon N: how many steps you will take (required by the shipped
+        optimizers, whose step size follows training progress).
+      **options: `lr`, `layout`, `chunk_size`, `require_loss` (see `TorchLearnedOptimizer`).
+
+    Returns:
+      A `TorchLearnedOptimizer`.
+
+    Raises:
+      ValueError: an unknown name, a damaged theta file, a missing or invalid num_steps, a bad option.
+      TypeError: an unknown option.
+    """
+    unknown = sorted(k for k in options if k not in OPTIONS + ("require_loss",))
+    if unknown:
+        raise TypeError(f"lopt.torch.optimizer got unknown option(s) {unknown}; options: "
+                        f"{list(OPTIONS[1:]) + ['require_loss']} (and num_steps)")
+    return TorchLearnedOptimizer(resolve(source), params, num_steps, **options)

@@ -1,0 +1,202 @@
+"""The protocol of a torch update rule: one learned-optimizer architecture's update, in torch ops, reading theta.
+
+`lopt.torch.TorchLearnedOptimizer` keeps torch's bookkeeping (parameter groups, per-parameter
+state, `state_dict`); a `Rule` holds the math of one architecture:
+
+    rule = RULES["MLPLOpt"](learned_opt, theta)       # theta: numpy arrays
+    state = rule.init_state(param, axes)              # per parameter, torch tensors
+    updates = rule.updates(items, ctx)                # one update per item, in the parameters' layout
+
+An `Item` is one parameter of the step (its gradient, its state dict, its JAX axis order);
+a `Context` is what the items of one device and compute dtype share: their step counts (as
+`TorchLearnedOptimizer` keeps them, per parameter), their horizons, the loss and theta as
+tensors. Rules update the items' state in place (or replace its entries) and return each update
+Δp (the optax update, added to the parameter by the optimizer), in the compute dtype.
+
+Architectures register their rule with `register(name)`; `rule_for(learned_opt, theta)` builds it.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from lopt.torch import common
+
+__all__ = ["Item", "Context", "Rule", "RULES", "register", "rule_for", "supported_architectures"]
+
+
+@dataclasses.dataclass
+class Item:
+    """One parameter of a step.
+
+    Attributes:
+      param: the torch parameter (updated by the optimizer after the rule ran).
+      grad: its gradient (same shape as param).
+      state: its optimizer state (a dict of tensors, updated by the rule).
+      axes: the parameter's axes in JAX order: `param.permute(axes)` is the tensor as the JAX
+        optimizer sees it (see `lopt.torch.layout`).
+      horizon: the training horizon N of its parameter group (None: unknown).
+      chunk: elements per block of the rule's per-parameter work.
+    """
+    param: torch.Tensor
+    grad: torch.Tensor
+    state: dict
+    axes: tuple
+    horizon: Optional[int]
+    chunk: int
+
+    @property
+    def jax_shape(self) -> tuple:
+        """The parameter's shape in JAX layout."""
+        return tuple(self.param.shape[a] for a in self.axes)
+
+
+@dataclasses.dataclass
+class Context:
+    """What the items of one step on one device and compute dtype share.
+
+    Attributes:
+      steps: t per item (updates made so far), [L] in the compute dtype on the device.
+      loss: the loss of this step (0-d, compute dtype) or None.
+      theta: the rule's theta as tensors of the compute dtype on the device.
+      dtype: the compute dtype.
+      device: the device.
+    """
+    steps: torch.Tensor
+    loss: Optional[torch.Tensor]
+    theta: dict
+    dtype: torch.dtype
+    device: torch.device
+
+    def embedding(self, timescales: Sequence[float]) -> torch.Tensor:
+        """The step embedding of every item, [L, T]."""
+        return common.step_embedding(self.steps, timescales)
+
+    def progress(self, items: Sequence[Item], use: bool = True) -> torch.Tensor:
+        """The progress features of every item ([L, 3]; zeros unless `use`)."""
+        return common.progress_features(self.steps, [it.horizon if use else None for it in items])
+
+
+class Rule:
+    """Base class of the torch update rules (the protocol is in the module docstring).
+
+    Args:
+      learned_opt: the architecture (a `lopt.LearnedOptimizer`) whose update this computes.
+      theta: its meta-parameters, a pytree of numpy arrays.
+    """
+
+    #: whether the architecture reads the loss (`tx.update(..., loss=loss)`)
+    reads_loss: bool = False
+
+    def __init__(self, learned_opt: Any, theta: Any):
+        self.learned_opt = learned_opt
+        self.theta = theta
+        self._tensors: dict = {}
+
+    def theta_on(self, device: torch.device, dtype: torch.dtype) -> dict:
+        """theta as tensors of `dtype` on `device` (converted once per device and dtype).
+
+        Args:
+          device: the device.
+          dtype: the compute dtype.
+
+        Returns:
+          theta's nested dicts with tensor leaves.
+        """
+        key = (str(device), dtype)
+        if key not in self._tensors:
+            convert = lambda x: torch.as_tensor(np.array(x, np.float64 if dtype == torch.float64 else np.float32),
+                                                device=device).to(dtype)
+            self._tensors[key] = _map(convert, self.theta)
+        return self._tensors[key]
+
+    def init_state(self, param: torch.Tensor, axes: tuple, dtype: torch.dtype) -> dict:
+        """The state of one parameter before its first update (the JAX `init_fn`'s, for this leaf).
+
+        Args:
+          param: the parameter (its value now, before any update).
+          axes: its axes in JAX order.
+          dtype: the compute dtype (the state's dtype).
+
+        Returns:
+          A dict of tensors on the parameter's device.
+        """
+        raise NotImplementedError
+
+    def updates(self, items: Sequence[Item], ctx: Context) -> list[torch.Tensor]:
+        """One update step of every item: their states updated, their updates returned.
+
+        Args:
+          items: the parameters of this device and compute dtype.
+          ctx: what they share.
+
+        Returns:
+          Δp per item, shaped like its parameter, in the compute dtype.
+        """
+        raise NotImplementedError
+
+    def loss_features(self, items: Sequence[Item], ctx: Context) -> torch.Tensor:
+        """The items' loss features [L, 2], their "loss_state" entries advanced (`common.loss_features`)."""
+        states = torch.stack([it.state["loss_state"] for it in items])
+        feats, new = common.loss_features(ctx.loss, states)
+        if ctx.loss is not None:
+            for i, it in enumerate(items):
+                it.state["loss_state"] = new[i]
+        return feats
+
+
+def _map(fn: Callable, tree: Any) -> Any:
+    if isinstance(tree, Mapping):
+        return {k: _map(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+RULES: dict[str, type] = {}
+
+
+def register(name: str) -> Callable[[type], type]:
+    """A class decorator: the rule of the architecture called `name` (its class name in lopt).
+
+    Args:
+      name: e.g. "MLPLOpt".
+
+    Returns:
+      The decorator.
+    """
+    def deco(cls: type) -> type:
+        RULES[name] = cls
+        return cls
+    return deco
+
+
+def supported_architectures() -> list[str]:
+    """The architectures with a torch rule, sorted."""
+    return sorted(RULES)
+
+
+def rule_for(learned_opt: Any, theta: Any) -> Rule:
+    """The torch rule of `learned_opt` reading `theta`.
+
+    Args:
+      learned_opt: a `lopt.LearnedOptimizer`.
+      theta: its meta-parameters (jax or numpy arrays), checked against its structure.
+
+    Returns:
+      A `Rule`.
+
+    Raises:
+      NotImplementedError: the architecture has no torch rule (the message lists those that do).
+      ValueError: theta does not match the architecture.
+    """
+    name = type(learned_opt).__name__
+    if name not in RULES:
+        raise NotImplementedError(f"lopt.torch has no torch update rule for the architecture {name}; supported: "
+                                  f"{supported_architectures()}. Use the JAX transform (learned_opt.opt_fn) or add a "
+                                  f"rule in lopt/torch/")
+    learned_opt.check_theta(theta, "lopt.torch")
+    theta_np = _map(np.asarray, theta)
+    return RULES[name](learned_opt, theta_np)
