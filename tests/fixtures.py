@@ -1,0 +1,47 @@
+"""Builders shared by the tests: a learned-optimizer TruncatedStep in one call, and a run's metrics lines.
+
+    from tests.fixtures import lopt_step, metrics_lines
+    step = lopt_step(4, lopt.LearnableSGD(0.1), 12)   # QuadraticFamily(dim=4), episodes of 12 steps
+    lines = metrics_lines(output_dir)                 # the dicts of output_dir/metrics.jsonl
+
+Plain functions (no pytest fixtures), so module-level run factories that Ray workers import can
+use them too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Union
+
+import lopt
+import outer_trainers as ot
+import tasks
+
+
+def lopt_step(family: Union[int, tasks.TaskFamily] = 4, learned_opt: Optional[lopt.LearnedOptimizer] = None,
+              episode: Union[int, ot.TruncationSchedule] = 12, *,
+              meta_loss_split: Optional[str] = None) -> ot.LOptTruncatedStep:
+    """An `LOptTruncatedStep` from short arguments.
+
+    Args:
+      family: a TaskFamily, or d for `tasks.QuadraticFamily(dim=d)`.
+      learned_opt: the learned optimizer (None: `lopt.LearnableSGD(0.1)`).
+      episode: a TruncationSchedule, or T for `ConstantTruncationSchedule(T)` (episodes of T steps).
+      meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
+
+    Returns:
+      the TruncatedStep.
+    """
+    if isinstance(family, int):
+        family = tasks.QuadraticFamily(dim=family)
+    if learned_opt is None:
+        learned_opt = lopt.LearnableSGD(0.1)
+    if isinstance(episode, int):
+        episode = ot.ConstantTruncationSchedule(episode)
+    return ot.LOptTruncatedStep(family, learned_opt, episode, meta_loss_split=meta_loss_split)
+
+
+def metrics_lines(output_dir: Union[str, os.PathLike]) -> list[dict]:
+    """The JSON objects of `output_dir`/metrics.jsonl, one per logged step, in order."""
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
