@@ -1,0 +1,191 @@
+"""lopt.torch computes the JAX transform's update: parity for every architecture and shipped optimizer.
+
+Both sides are fed the same 100 gradients and losses (float32 on both sides) on a tree of a dense
+kernel, a bias and a 4-D conv kernel; the torch parameters are in torch's layout (the dense kernel
+transposed, the conv kernel [out, in, kh, kw]), so a rule that read the wrong axes (factored
+statistics, fan-in) would fail. Two errors are measured per tensor after 100 steps:
+
+- relative to the parameters: max |p_torch − p_jax| / max |p_jax|, required ≤ 1e-5 (measured ≤ ~3e-7);
+- relative to the distance travelled: max |p_torch − p_jax| / max |p_jax − p_0|, a much stricter
+  measure because the updates are small next to the weights; required ≤ 1e-4 (measured ≤ ~4e-6).
+  The two float32 programs differ in rounding only (XLA's and torch's tanh, exp, pow and
+  summation orders differ in the last bit).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+torch = pytest.importorskip("torch", reason='PyTorch is not installed: pip install -e ".[torch]"')
+
+import lopt  # noqa: E402
+import lopt.torch as lt  # noqa: E402
+
+SHAPES = {"dense_w": (5, 7), "dense_b": (7,), "conv_w": (3, 2, 4, 6)}  # JAX layout: [in, out], [kh, kw, in, out]
+STEPS = 100
+PARAM_TOL, TRAVEL_TOL = 1e-5, 1e-4
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny tensors: torch's second OpenMP thread only adds waits (and stalls on a loaded 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def perturbed(theta, key, rel=0.2):
+    """theta plus noise of rel · max(rms(leaf), 0.1) per leaf, so that no output layer is zero."""
+    leaves, treedef = jax.tree_util.tree_flatten(theta)
+    out = []
+    for k, x in zip(jax.random.split(key, len(leaves)), leaves):
+        x = jnp.asarray(x)
+        scale = max(float(jnp.sqrt(jnp.mean(jnp.square(x)))), 0.1)
+        out.append(x + rel * scale * jax.random.normal(k, x.shape, x.dtype))
+    return treedef.unflatten(out)
+
+
+def problem(seed=0, steps=STEPS):
+    """(initial params, gradients per step, losses per step), numpy float32 in JAX layout."""
+    rng = np.random.RandomState(seed)
+    params = {k: (rng.randn(*s) * 0.5).astype(np.float32) for k, s in SHAPES.items()}
+    grads = [{k: (rng.randn(*s) * (0.1 + 0.05 * np.sin(t))).astype(np.float32) for k, s in SHAPES.items()}
+             for t in range(steps)]
+    losses = (2.0 * np.exp(-np.arange(steps) / 50) + 0.05 * rng.rand(steps)).astype(np.float32)
+    return params, grads, losses
+
+
+_REFERENCES: dict = {}
+
+
+def run_jax(learned_opt, theta, num_steps, params, grads, losses, pass_loss=True):
+    """The JAX transform's parameters after the steps (cached: several tests share a reference run)."""
+    digest = hashlib.sha256(b"".join(np.asarray(x).tobytes() for x in jax.tree_util.tree_leaves(theta)))
+    key = (repr(learned_opt), digest.hexdigest(), num_steps, len(grads), pass_loss)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _run_jax(learned_opt, theta, num_steps, params, grads, losses, pass_loss)
+    return _REFERENCES[key]
+
+
+def _run_jax(learned_opt, theta, num_steps, params, grads, losses, pass_loss):
+    tx = learned_opt.opt_fn(theta, num_steps=num_steps)
+    update = jax.jit(tx.update)
+    p = jax.tree_util.tree_map(jnp.asarray, params)
+    state = tx.init(p)
+    for g, loss in zip(grads, losses):
+        updates, state = update(g, state, p, **({"loss": loss} if pass_loss else {}))
+        p = optax.apply_updates(p, updates)
+    return {k: np.asarray(v) for k, v in p.items()}
+
+
+def run_torch(source, num_steps, params, grads, losses, pass_loss=True, layout="torch", **options):
+    tp = {k: torch.nn.Parameter(lt.from_jax(v, layout)) for k, v in params.items()}
+    opt = lt.optimizer(source, list(tp.values()), num_steps=num_steps, require_loss=pass_loss, layout=layout,
+                       **options)
+    for g, loss in zip(grads, losses):
+        for k, p in tp.items():
+            p.grad = lt.from_jax(g[k], layout)
+        opt.step(loss=float(loss)) if pass_loss else opt.step()
+    return {k: lt.to_jax(p.detach(), layout) for k, p in tp.items()}
+
+
+def errors(jax_params, torch_params, initial):
+    """{leaf: (error relative to the parameters, error relative to the distance travelled)}."""
+    out = {}
+    for k, a in jax_params.items():
+        a, b = a.astype(np.float64), torch_params[k].astype(np.float64)
+        diff = np.max(np.abs(a - b))
+        out[k] = (diff / np.max(np.abs(a)), diff / max(np.max(np.abs(a - initial[k])), 1e-30))
+    return out
+
+
+def check_parity(learned_opt, theta, num_steps=STEPS, source=None, pass_loss=True, **options):
+    params, grads, losses = problem()
+    want = run_jax(learned_opt, theta, num_steps, params, grads, losses, pass_loss)
+    got = run_torch(source or (learned_opt, theta), num_steps, params, grads, losses, pass_loss, **options)
+    errs = errors(want, got, params)
+    for k, (rel, travel) in errs.items():
+        assert np.max(np.abs(want[k] - params[k])) > 1e-4, f"{k} did not move: the comparison would be empty"
+        assert rel <= PARAM_TOL and travel <= TRAVEL_TOL, f"{learned_opt!r}: {k} differs: {errs}"
+    return errs
+
+
+@pytest.mark.parametrize("name", lopt.architectures())
+def test_every_architecture_matches_its_jax_transform(name):
+    learned_opt = lopt.base.architecture(name)()
+    theta = perturbed(learned_opt.init(jax.random.key(1)), jax.random.key(2))
+    check_parity(learned_opt, theta)
+
+
+@pytest.mark.parametrize("name", lopt.pretrained.names())
+def test_every_shipped_optimizer_matches_its_jax_transform(name):
+    learned_opt, theta = lopt.pretrained.load_learned_optimizer_by_name(name)
+    check_parity(learned_opt, theta, source=name)
+
+
+CONFIGS = {
+    "normmlp_ortho_normalized_adam_vectors": lopt.NormMLPLOpt(orthogonalize=True, normalize_update=True,
+                                                              vector_rule="adam", residual_bound=0.5, hidden_layers=2),
+    "normmlp_fan_in_cosine": lopt.NormMLPLOpt(schedule="cosine", relative_step=True, fan_in_ref=64.0,
+                                              normalize_update=False),
+    "mlp_progress_3_layers": lopt.MLPLOpt(use_num_steps=True, hidden_layers=3, hidden_size=8),
+    "adafac_progress": lopt.AdafacMLPLOpt(use_num_steps=True),
+    "hyper_2_layers": lopt.HyperLOpt(mlp_layers=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_other_configs_match(name):
+    learned_opt = CONFIGS[name]
+    check_parity(learned_opt, perturbed(learned_opt.init(jax.random.key(1)), jax.random.key(2)))
+
+
+@pytest.mark.parametrize("name", ["MLPLOpt", "AdafacMLPLOpt", "NormMLPLOpt"])
+def test_small_blocks_match(name):
+    """chunk_size=8: every tensor is walked in many blocks (a partial last one included)."""
+    learned_opt = lopt.base.architecture(name)()
+    check_parity(learned_opt, perturbed(learned_opt.init(jax.random.key(1)), jax.random.key(2)), chunk_size=8)
+
+
+def test_without_loss_and_without_horizon_match():
+    """require_loss=False steps without the loss (zero loss features, as tx.update without loss=);
+    num_steps=None zeroes the progress features on both sides."""
+    rnn = lopt.RNNMLPLOpt()
+    check_parity(rnn, perturbed(rnn.init(jax.random.key(1)), jax.random.key(2)), pass_loss=False)
+    mlp = lopt.MLPLOpt(use_num_steps=True)
+    check_parity(mlp, perturbed(mlp.init(jax.random.key(1)), jax.random.key(2)), num_steps=None)
+
+
+def test_jax_layout_parameters_match_with_layout_jax():
+    """Parameters already in JAX layout ([in, out] kernels) match with layout="jax"."""
+    lo = lopt.AdafacMLPLOpt()
+    check_parity(lo, perturbed(lo.init(jax.random.key(1)), jax.random.key(2)), layout="jax")
+
+
+@pytest.mark.parametrize("name", ["AdafacMLPLOpt", "normmlp_v3"])
+def test_the_parity_test_sees_the_axes(name):
+    """A negative control: torch-layout tensors declared as JAX layout factor the wrong axes
+    (AdafacMLPLOpt) or take the wrong fan-in (normmlp_v3), and the comparison catches it."""
+    if name in lopt.pretrained.names():
+        source, (lo, theta) = name, lopt.pretrained.load_learned_optimizer_by_name(name)
+    else:
+        lo = lopt.base.architecture(name)()
+        theta = perturbed(lo.init(jax.random.key(1)), jax.random.key(2))
+        source = (lo, theta)
+    params, grads, losses = problem()
+    want = run_jax(lo, theta, STEPS, params, grads, losses)
+    tp = {k: torch.nn.Parameter(lt.from_jax(v)) for k, v in params.items()}
+    opt = lt.optimizer(source, list(tp.values()), num_steps=STEPS, layout="jax")  # wrong: they are torch layout
+    for g, loss in zip(grads, losses):
+        for k, p in tp.items():
+            p.grad = lt.from_jax(g[k])
+        opt.step(loss=float(loss))
+    got = {k: lt.to_jax(p.detach()) for k, p in tp.items()}
+    errs = errors(want, got, params)
+    assert max(errs["dense_w"][1], errs["conv_w"][1]) > 100 * TRAVEL_TOL, errs
