@@ -36,7 +36,9 @@ setup(
         "docs": DOCS_REQUIRES,
         # Meta-training on many machines: Ray workers, evaluation actors, PBT with Ray Tune.
         "ray": RAY_REQUIRES,
+        # lopt.torch: the meta-trained optimizers as torch.optim.Optimizers.
+        "torch": ["torch>=2.1"],
         # Everything the test suite needs, the docs build and the tutorials included.
-        "test": ["pytest>=7.4", "pytest-timeout>=2.2"] + DOCS_REQUIRES + RAY_REQUIRES,
+        "test": ["pytest>=7.4", "pytest-timeout>=2.2", "torch>=2.1"] + DOCS_REQUIRES + RAY_REQUIRES,
     },
 )
