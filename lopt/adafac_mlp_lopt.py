@@ -19,7 +19,7 @@ the progress features) shared by the tensor. MLP [F] -> hidden (ReLU) ×`hidden_
 
     Δp = −d · exp(m · exp_mult) · step_mult.
 
-Speed: the RMS normalisation and the step embedding are folded into the first layer's
+How it is computed: the RMS normalisation and the step embedding are folded into the first layer's
 weights and bias per tensor, and with hidden size 4 the MLP is written as unrolled
 multiply-adds, so one fused XLA loop reads g, p and the state once and writes the update and
 the new state — no [N, F] feature array exists. The features' mean squares of big matrices
@@ -135,10 +135,9 @@ def leaf_features(g: jax.Array, p: jax.Array, acc: LeafAccum, row_mean: Optional
     return feats
 
 
-# `feature_mean_squares` sums a matrix of at least this many blocks of rows block by block: unlike
-# the per-parameter architectures' plain sums (`features.SUM_MIN_BLOCKS`, 16), its row blocks beat
-# the whole-matrix form from 2 blocks on (1M-parameter model, donated train step on the 2-core CPU:
-# 6.4 ms whole, 5.9 ms at 2 or 4 blocks minimum; HyperLOpt 6.2 -> 5.4 ms)
+# `feature_mean_squares` sums a matrix of at least this many blocks of rows block by block (the
+# per-parameter architectures' plain sums wait for `features.SUM_MIN_BLOCKS`, 16: each row block
+# here replaces a whole-tensor temporary, which the plain sums never form)
 MIN_ROW_BLOCKS = 2
 
 
@@ -146,14 +145,21 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Opti
                          min_blocks: Optional[int] = None) -> jax.Array:
     """mean(x_f²) over the tensor for each feature of `leaf_features`, in its order: [F].
 
-    A matrix of at least `min_blocks` (None: `MIN_ROW_BLOCKS`, 2) blocks of ⌊block / cols⌋ rows
-    (block: parameters, by default `features.SUM_BLOCK`, 131072, also when vmapped over models) is
-    reduced block by block (`_blockwise_mean_squares`), so that no temporary of the tensor's size
-    exists: XLA's CPU runtime page-faults a fresh temporary of tens of MB in on every call (~1.5 µs
-    per 4 KiB page), which made the whole-tensor form below 4× slower than the blocks at 6M
-    parameters (10M-parameter train step: 72-78 ms at 131072-parameter blocks, 80-86 at 32768-
-    262144). Smaller matrices and higher-rank tensors use `_matrix_mean_squares`; vectors and
-    scalars reduce each feature over the whole tensor.
+    A matrix of at least `min_blocks` blocks of ⌊block / cols⌋ rows is reduced block by block
+    (`_blockwise_mean_squares`), so that no temporary of the tensor's size exists (XLA's CPU
+    runtime page-faults a fresh temporary in on every call). Smaller matrices and higher-rank
+    tensors use `_matrix_mean_squares`; vectors and scalars reduce each feature over the whole
+    tensor. All three give the same values up to float32 summation order.
+
+    Args:
+      g: the gradient, float32 [*s].
+      p: the parameter, float32 [*s].
+      acc: the tensor's accumulators, already updated with g (`accumulate`).
+      block: parameters per block; None: `features.SUM_BLOCK` (131072).
+      min_blocks: the fewest row blocks worth splitting a matrix into; None: `MIN_ROW_BLOCKS` (2).
+
+    Returns:
+      float32 [F], F = `num_leaf_features(K_m, K_f)`.
     """
     if g.ndim < 2:
         return jnp.stack([jnp.mean(jnp.square(x)) for x in jnp.broadcast_arrays(*leaf_features(g, p, acc))])
@@ -173,9 +179,8 @@ def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block_ro
     row and w_j = cr_j² per column, so Σ_rc (x rr_j cr_j)² = Σ_r u_jr (x² w_jᵀ)_r: per block one
     [(1+K)·rows_b, cols] @ [cols, K_f] product of the squared base arrays, then a weighted sum
     over the rows. The plain features are fused sums of squares of the block. The row and column
-    factors alone (broadcast over the other axis) are means of u_j and w_j. Measured on a
-    3072 × 2048 matrix: 24 ms, against 53 ms for forming the F features of each block and 97 ms
-    for the whole-tensor `_matrix_mean_squares`.
+    factors alone (broadcast over the other axis) are means of u_j and w_j. No block's F features
+    are ever formed.
     """
     n_mom = acc.m.shape[0]
     row_mean = jnp.mean(acc.row, axis=-1, keepdims=True)
@@ -286,6 +291,19 @@ class AdafacMLPLOpt(LearnedOptimizer):
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        """The optimizer theta defines (the update is in the module docstring).
+
+        Args:
+          theta: meta-parameters, as from `init`.
+          num_steps: the horizon N of the progress features (may be traced; read only with
+            `use_num_steps`).
+          is_training: accepted for the `LearnedOptimizer` interface and ignored: the update is the
+            same while meta-training and after.
+
+        Returns:
+          An `optax.GradientTransformationExtraArgs`; its update reads `params` and ignores extra
+          arguments such as `loss`.
+        """
         del is_training
         self.check_theta(theta, "AdafacMLPLOpt.opt_fn")
         n_mom, n_fac = len(self.momentum_decays), len(self.adafactor_decays)

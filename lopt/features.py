@@ -9,12 +9,10 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
 - `context_features`, `tensor_lstm_inputs`: the inputs of the per-tensor LSTMs (RNNMLPLOpt,
   NNAdam, HyperLOpt)
 - `block_starts`, `blockwise_map`: full, possibly overlapping blocks of a long axis, for
-  per-block work that keeps its temporaries in cache; `default_block_size`, the block that
-  suits the local devices and whether the update runs batched over many models
-  (`batched_updates`)
+  per-block work that keeps its temporaries in cache; `block_size(n)`, the block of a tensor
+  of n parameters (a function of n alone)
 - `blockwise_sum`: a sum over a long axis (the per-tensor feature statistics) taken block by
-  block, so each block's several reductions read it from cache; `updates_are_batched`, whether
-  an optimizer is being built inside `batched_updates()`
+  block, so each block's several reductions read it from cache
 - `EPS` (1e-8): added to a second moment before every square root / rsqrt of it
 - `tree_mismatch`, `require_params`: the trace-time checks of `tx.update`'s inputs (and of theta,
   `LearnedOptimizer.check_theta`), naming the first leaf path that differs
@@ -25,10 +23,8 @@ is linear per feature, so they fold 1/rms_f into the rows of the first layer's w
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -197,128 +193,48 @@ def tensor_lstm_inputs(stats: jax.Array, params: Sequence[Any], ctx: jax.Array) 
     return jnp.concatenate([log_stat(stats), sizes, jnp.broadcast_to(ctx, (len(params), ctx.shape[0]))], axis=1)
 
 
-# Per-parameter-MLP block sizes (issue #16). Meta-training runs the update batched over particles
-# (TruncatedPES: 16 here) and evaluation over tasks, so a block's activations are [batch, hidden, c];
-# measured on 2-core CPUs:
-# One CPU device: XLA's intra-op threads spread a block's GEMMs over every core and their caches,
-# and a 4096 block was fastest under PES on a 4-layer image MLP (1024: 16% slower on one machine,
-# 35% on another; 16384: 40-50% slower).
-BLOCK_ONE_DEVICE = 4096
-# One CPU device per core, the batch sharded over them (`sharded_updates`): each device runs its
-# share of the particles on one core, so a block's [particles, hidden, c] activations must fit
-# that core's L2 (2 MiB here). 1024 blocks made PES 27% faster than 4096 on a 64-32-10 MLP and on
-# a 4-layer image MLP. A one-device program in such a process (an estimator that does not shard,
-# the evaluation trainer) still spreads its GEMMs over every core and keeps BLOCK_ONE_DEVICE:
-# with 1024 the 4-layer image MLP's 16 tasks x 50 steps took 995 ms, with 4096 774 ms.
-BLOCK_PER_CORE = 1024
-# A training loop's update (one model, not batched): fewer, longer blocks. On the fourth and fifth
-# sessions' machine (2-core AMD EPYC VM) the 1M- and 10M-parameter updates ran 1.2-1.4x faster at
-# 16384 than at 4096, and 32768 was faster again (10M donated step 235 -> 196 ms; 65536: 205 ms, and
-# 1.3x slower at 1M). On the third session's machine 1024 and 4096 were equally fast; larger blocks
-# were not measured there.
-BLOCK_UNBATCHED = 32768
+# The blocks of a per-parameter MLP's column-major GEMMs (`block_size`). A block's activations
+# are [H, c] per model, [B, H, c] when the update is vmapped over B models: small enough blocks
+# keep them in a core's cache. Every block costs a loop iteration and the fixed overhead of its
+# GEMM calls: large enough blocks amortise that over a big tensor.
+MIN_BLOCK = 1024
+MAX_BLOCK = 32768
+BLOCKS_PER_TENSOR = 8
 
 
-_BATCHED_UPDATES = contextvars.ContextVar("lopt_batched_updates", default=False)
-_SHARDED_DEVICES = contextvars.ContextVar("lopt_sharded_devices", default=1)
+def block_size(n: int) -> int:
+    """The parameters per block of a tensor of n parameters for the per-parameter MLPs' GEMMs.
 
+        c = n                                                            if n < 2048
+        c = min(n, clip(⌊n / 8⌋ rounded down to a multiple of 1024, 1024, 32768))   otherwise
 
-@contextlib.contextmanager
-def _context_value(var: contextvars.ContextVar, value: Any) -> Iterator[None]:
-    """`var` set to `value` inside the block, restored after it (the contexts below)."""
-    token = var.set(value)
-    try:
-        yield
-    finally:
-        var.reset(token)
-
-
-@contextlib.contextmanager
-def batched_updates() -> Iterator[None]:
-    """Marks learned optimizers built inside it (`opt_fn`) as run batched over many models.
-
-    The meta-training step (`outer_trainers.LOptTruncatedStep`, vmapped over particles) and the
-    batched evaluation trainer (`outer_trainers.evaluation.comparison.make_task_trainer`) build their optimizers
-    inside it, so that `default_block_size` picks the blocks that suit a batch. It is read when
-    `opt_fn` is called, at trace time, and changes speed only: enter it inside the function that
-    is traced (a jitted function traced once keeps the blocks it was traced with).
-
-    Yields:
-      None.
-    """
-    with _context_value(_BATCHED_UPDATES, True):
-        yield
-
-
-@contextlib.contextmanager
-def sharded_updates(num_devices: int) -> Iterator[None]:
-    """Marks learned optimizers built inside it as running one device's share of a batch of models
-    sharded over `num_devices` devices.
-
-    The sharded PES truncation (`outer_trainers.estimators.truncated_pes.sharded_truncation`, used
-    by TruncatedPES and TruncatedPESPMAP) traces its per-device unroll inside it, so that
-    `default_block_size` picks the per-core blocks there and only there. Like `batched_updates`, it
-    is read when `opt_fn` is called, at trace time, and changes speed only.
+    A function of the tensor's static size alone: the tensors of a few thousand parameters of the
+    small models that meta-training runs vmapped over many particles get blocks of 1024-2048
+    parameters (a batch of blocks stays in cache), the million-parameter tensors of a model
+    trained on its own blocks of 32768 (few loop iterations). The blocks of `blockwise_map` are
+    computed independently, so c changes speed only, never the values (an architecture's
+    `chunk_size` overrides it).
 
     Args:
-      num_devices: the devices the batch is sharded over (1: not sharded).
-
-    Yields:
-      None.
-    """
-    with _context_value(_SHARDED_DEVICES, max(int(num_devices), 1)):
-        yield
-
-
-def default_block_size(batched: Optional[bool] = None) -> int:
-    """The block size (parameters) for the per-parameter MLPs' blockwise GEMMs on the local devices.
-
-    Unbatched (a training loop's update of one model): `BLOCK_UNBATCHED` (32768). Batched (an
-    update vmapped over many models: the meta-training estimators' particles, the evaluation
-    trainer's tasks): `BLOCK_PER_CORE` (1024) when the batch is sharded over several CPU devices
-    (inside `sharded_updates`, as the sharded PES runs on the one-device-per-core CPUs that the
-    scripts and `outer_trainers.use_all_cpu_cores` set up), else `BLOCK_ONE_DEVICE` (4096), also
-    for a one-device program in a process with several devices. The choice changes speed only
-    (and float32 summation order), never the function computed.
-
-    Args:
-      batched: whether the update runs batched over many models; None: whether this is called
-        inside `batched_updates()`.
+      n: the tensor's number of parameters (≥ 1).
 
     Returns:
-      The number of parameters per block.
+      c, with 1 ≤ c ≤ n for n ≥ 1.
     """
-    if not (updates_are_batched() if batched is None else batched):
-        return BLOCK_UNBATCHED
-    sharded = _SHARDED_DEVICES.get() > 1 and jax.local_devices()[0].platform == "cpu"
-    return BLOCK_PER_CORE if sharded else BLOCK_ONE_DEVICE
+    if n < 2 * MIN_BLOCK:  # one block: two would overlap by most of a block
+        return n
+    c = (n // BLOCKS_PER_TENSOR) // MIN_BLOCK * MIN_BLOCK
+    return min(n, max(MIN_BLOCK, min(MAX_BLOCK, c)))
 
 
-# Per-tensor sums (issue #16, sixth session). An optimizer's per-tensor statistics are several
-# reductions of the same accumulators (MLPLOpt: 11 sums of squares over g, p, the 6 momenta and v).
-# Taken over a whole big tensor, each reduction streams it from memory again; taken block by block
-# (`blockwise_sum`), a block's reductions read it from cache. Measured on the 2-core AMD EPYC VM
-# (32 MiB L3), in the donated train step of a 10M-parameter model (one process, interleaved):
-# MLPLOpt 178 -> 164, 194 -> 177 and 188 -> 183 ms, RNNMLPLOpt 62-73 -> 40-46 ms, normmlp_v3
-# 86-95 -> 69-80 ms at 131072-parameter blocks; MLPLOpt's sums alone over a 6.3M tensor 21.7 -> 10.0
-# ms, while up to 2M parameters the whole-tensor reductions were as fast or faster. Vmapped over 4
-# models of 3.1M parameters (as meta-training's particles run the update), MLPLOpt's step was
-# 7-14% slower with its sums in these blocks, so the architectures take them whole when built inside
-# `batched_updates()`; AdafacMLPLOpt's row blocks (`adafac_mlp_lopt.feature_mean_squares`) were
-# faster vmapped too: 4 x 3.1M 174-236 -> 104-113 ms, 16 x 0.5M 111-119 -> 88-93 ms.
+# Per-tensor sums (`blockwise_sum`). An architecture's per-tensor statistics are several
+# reductions of the same accumulators (MLPLOpt: the F = 11 sums of squares of g, p, the momenta
+# and v). Over a whole big tensor each reduction streams it from memory again; block by block, a
+# block's reductions read it from cache. Tensors of fewer than SUM_MIN_BLOCKS blocks (up to 2M
+# parameters) are reduced whole.
 SUM_BLOCK = 131072
 # `blockwise_sum` reduces an axis of fewer than this many blocks whole
 SUM_MIN_BLOCKS = 16
-
-
-def updates_are_batched() -> bool:
-    """Whether this is called inside `batched_updates()`: learned optimizers read it in `opt_fn`
-    to choose how to run an update that will be vmapped over many models.
-
-    Returns:
-      True inside the context, else False.
-    """
-    return _BATCHED_UPDATES.get()
 
 
 def blockwise_sum(fn, n: int, c: Optional[int] = None, min_blocks: Optional[int] = None) -> jax.Array:

@@ -13,27 +13,24 @@ hidden -> (d, m) and the update is
 
     Δp = −d · exp(m · exp_mult) · step_mult.
 
-Speed (CPU): the step embedding (and, with `use_num_steps`, the progress features) is
-constant over a tensor, so its first-layer contribution is computed once per update and added
-as a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS normalisation is
-folded into the first layer's rows, W1' = diag(1/rms) W1, so features are never rescaled.
-Tensors of at least `column_min_size` parameters are processed in blocks of `chunk_size`
-parameters (the last block overlaps the one before it, so every block is full; by default
-`features.default_block_size()`: 32768 in a training loop's update; when the update runs batched
-over many models, as meta-training's particles and the evaluation trainer's tasks do
-(`features.batched_updates()`), 4096, and 1024 where the batch is sharded over one CPU device per
-core, `features.sharded_updates()`): each block's [F, c] features are formed from slices of the
-accumulators and the MLP runs on them column-major, h = relu(W1'ᵀ x + b), writing the block's
-update in place. No [F, N] feature array or [H, N] activation ever exists (at 1M parameters the old padded [blocks, F, c] layout
-page-faulted ~80 MB of fresh temporaries per update), everything per block stays in cache, and
-XLA's CPU GEMM runs on a friendly shape. The RMS of each feature is a whole-tensor reduction,
-taken block by block on big tensors (`features.blockwise_sum`) unless the update runs batched.
-Under vmap over models (meta-training's particles, the evaluation trainer's tasks) every block
-product stays one batched GEMM: the hidden and output weights are transposed once per update, and
-copied per model when the models share theta (`vary_like`); XLA's CPU backend otherwise ran a
-generic batched dot, or transposed the activations. Smaller tensors use a plain row-major MLP,
-faster for them. Theta is unchanged by any of this, and `chunk_size` / `column_min_size` are not
-part of `config()`: they change speed, not the function theta defines.
+How it is computed (the values are those above; only speed depends on it). The step embedding
+(and, with `use_num_steps`, the progress features) is constant over a tensor, so its first-layer
+contribution is computed once per update and added as a bias (the per-parameter matmul is F
+wide, not F + T). The per-tensor RMS normalisation is folded into the first layer's rows,
+W1' = diag(1/rms) W1, so features are never rescaled. A tensor of n ≥ `column_min_size`
+parameters is processed in blocks of c = `chunk_size` parameters, by default
+`features.block_size(n)` (a function of n alone); the last block overlaps the one before it, so
+every block is full. Each block's [F, c] features are formed from slices of the accumulators and
+the MLP runs on them column-major, h = relu(W1'ᵀ x + b), writing the block's update in place: no
+[F, n] feature array or [H, n] activation exists. The sums of squares behind the RMS are taken
+block by block on big tensors (`features.blockwise_sum`). Smaller tensors use a row-major MLP on
+their [n, F] features.
+
+Under `jax.vmap` over models every block product is one batched GEMM when each model has its own
+theta, as the estimators' perturbed particles do. Models that share one theta (vmap `in_axes=None`)
+multiply batched activations by unbatched weights, which XLA's CPU backend runs around transposes
+of the activations: a caller that vmaps the update over many models should give each model its
+own copy of theta (broadcast it and vmap over it, as `outer_trainers.make_task_trainer` does).
 """
 from __future__ import annotations
 
@@ -49,7 +46,7 @@ from lopt.moment_features import accumulate, feature_sum_squares, init_accumulat
 from lopt.nn import per_param_mlp_init, shared_bias
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
-COLUMN_MIN_SIZE = 256  # smaller tensors use the row-major MLP (faster there; measured crossover 100-300)
+COLUMN_MIN_SIZE = 256  # smaller tensors use the row-major MLP
 
 
 class MLPLOptState(NamedTuple):
@@ -64,27 +61,6 @@ class MLPLOptState(NamedTuple):
     momenta: Any
     second_moment: Any
     iteration: jax.Array
-
-
-def vary_like(x: jax.Array, ref: jax.Array) -> jax.Array:
-    """x, computed so that under vmap it varies over whatever batch `ref` varies over.
-
-    A select between two copies of x on the predicate isnan(ref): its value is x for every value
-    of ref (NaN and ±inf included), but JAX batches it like ref, so inside a vmap over models x
-    becomes one copy per model. MLPLOpt uses it for the hidden and output weights when models
-    share one theta (the evaluation trainer's tasks, the estimator benchmark's floor): a batched
-    activation times unbatched weights made XLA's CPU backend transpose the activations around a
-    plain GEMM, against one batched GEMM with per-model weights (problem (d)'s 16 tasks trained
-    for 50 steps: 951 -> 757 ms). Outside vmap the select folds away.
-
-    Args:
-      x: any array.
-      ref: a scalar the batch dimension is taken from.
-
-    Returns:
-      x's values, batched like ref.
-    """
-    return jnp.where(jnp.isnan(ref), x, x)
 
 
 class MLPLOpt(LearnedOptimizer):
@@ -104,9 +80,8 @@ class MLPLOpt(LearnedOptimizer):
       timescales: τ of the step embedding tanh(t/τ − 1).
       use_num_steps: also feed the progress features (min(t/N, 1), log1p(N)/10, 1), N the
         `num_steps` given to `opt_fn` (zeros when it is None).
-      chunk_size: parameters per block of the column-major layout; None: `features.default_block_size()`
-        when `opt_fn` is called: batched inside `features.batched_updates()`, per core inside
-        `features.sharded_updates()` (speed only, not in `config()`).
+      chunk_size: parameters per block of the column-major layout; None: `features.block_size(n)`
+        for a tensor of n parameters (speed only, not in `config()`).
       column_min_size: tensors smaller than this use the row-major MLP (speed only, not in `config()`).
     """
 
@@ -132,11 +107,16 @@ class MLPLOpt(LearnedOptimizer):
     def _mom_idx(self) -> int:
         return momentum_index(self.decays)
 
-    @property
-    def block_size(self) -> int:
-        """Parameters per block of an update built now by `opt_fn`: `chunk_size`, or
-        `features.default_block_size()` (batched inside `features.batched_updates()`)."""
-        return self.chunk_size or ft.default_block_size()
+    def block_size(self, n: int) -> int:
+        """The parameters per block of a tensor of n ≥ `column_min_size` parameters.
+
+        Args:
+          n: the tensor's number of parameters.
+
+        Returns:
+          min(`chunk_size`, n), or `features.block_size(n)` when `chunk_size` is None.
+        """
+        return min(self.chunk_size, n) if self.chunk_size else ft.block_size(n)
 
     @property
     def num_features(self) -> int:
@@ -149,28 +129,35 @@ class MLPLOpt(LearnedOptimizer):
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        """The optimizer theta defines (the update is in the module docstring).
+
+        Args:
+          theta: meta-parameters, as from `init`.
+          num_steps: the horizon N of the progress features (may be traced; read only with
+            `use_num_steps`).
+          is_training: accepted for the `LearnedOptimizer` interface and ignored: the update is the
+            same while meta-training and after.
+
+        Returns:
+          An `optax.GradientTransformationExtraArgs`; its update reads `params` and ignores extra
+          arguments such as `loss`.
+        """
         del is_training
         self.check_theta(theta, "MLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mom_idx = self._mom_idx
-        block_size = self.block_size
-        sum_blocks = not ft.updates_are_batched()  # per-tensor sums in blocks, unless vmapped (see features)
 
         def init_fn(params):
             return MLPLOptState(*init_accumulators(params, len(self.decays)), jnp.zeros((), jnp.int32))
 
-        def later_layers_t(ref):
+        def later_layers_t():
             """[(Wᵀ, b)] of the hidden layers after the first, then of the output layer, the
-            transposes made once per update and each Wᵀ batched like `ref` (`vary_like`: one copy
-            per model when the update is vmapped over models that share theta). The barrier keeps
-            XLA from folding the transposes and copies back into the block's products: under vmap
-            a dot with a transposed batched operand ran as XLA's generic batched dot rather than
-            YNNPACK's GEMM (PES on problem (d), one device: 955 -> 799 ms per estimate)."""
+            transposes made once per update. The optimization barrier keeps XLA from folding the
+            transposes back into every block's products, where under vmap a dot with a transposed
+            batched operand runs as XLA's CPU backend's generic batched dot instead of a GEMM."""
             names = [f"hidden_{i}" for i in range(1, self.hidden_layers)] + ["output"]
-            wts = [theta[name]["w"].T for name in names]
-            if ref is not None:
-                wts = [vary_like(wt, ref) for wt in wts]
-            return [(wt, theta[name]["b"]) for wt, name in zip(jax.lax.optimization_barrier(wts), names)]
+            wts = jax.lax.optimization_barrier([theta[name]["w"].T for name in names])
+            return [(wt, theta[name]["b"]) for wt, name in zip(wts, names)]
 
         def mlp_columns(w1t, b1, later, x):
             """x [F, c] -> [2, c], column-major (w1t = W1'ᵀ [H, F]; later from `later_layers_t`)."""
@@ -201,19 +188,19 @@ class MLPLOpt(LearnedOptimizer):
             m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
             m, v = m.reshape(k, n), v.reshape(-1)
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
-            sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx, sum_blocks)
+            sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx)
             w1t = (theta["input"]["w"] * jax.lax.rsqrt(sum_sq / n + ft.EPS)[:, None]).T  # W1'ᵀ [H, F]
             if n < self.column_min_size:  # small tensors: row-major [n, F] @ [F, H] is cheaper
                 out = mlp_rows(w1t.T, first_bias, jnp.stack(leaf_features(g32, p32, m, v, mom_idx), axis=-1))
                 step = to_step(out.T)[0]
             else:
-                c = min(block_size, n)
+                c = self.block_size(n)
 
                 def block(start):  # [F, c] features of elements start .. start + c - 1
                     sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)
                     feats = leaf_features(sl(g32), sl(p32), sl(m), sl(v), mom_idx)
                     # the barrier keeps XLA from fusing the feature arithmetic into the stack's
-                    # concatenate, which its CPU backend emits as slow per-element code (4 vs 5.3 ms)
+                    # concatenate, which its CPU backend emits as per-element code
                     return jnp.stack(jax.lax.optimization_barrier(feats))
 
                 step = ft.blockwise_map(lambda start: to_step(mlp_columns(w1t, first_bias, later, block(start))), n, c, 1,
@@ -226,8 +213,7 @@ class MLPLOpt(LearnedOptimizer):
             ft.require_params(updates, params, "MLPLOpt")
             first_bias = shared_bias(theta["input"], state.iteration, self.timescales, num_steps)
             treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
-            # batched like the gradients: a gradient's first element
-            later = later_layers_t(next((jnp.ravel(g)[0] for g in gs if jnp.size(g)), None))
+            later = later_layers_t()
             leaves = [update_leaf(g, p, m, v, first_bias, later) for g, p, m, v in zip(gs, ps, ms, vs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, MLPLOptState(momenta, second, state.iteration + 1)

@@ -109,11 +109,22 @@ class RNNMLPLOpt(LearnedOptimizer):
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+        """The optimizer theta defines (the update is in the module docstring).
+
+        Args:
+          theta: meta-parameters, as from `init`.
+          num_steps: the horizon N of the progress features (may be traced; None: unknown, the
+            progress features are zero).
+          is_training: accepted for the `LearnedOptimizer` interface and ignored: the update is the
+            same while meta-training and after.
+
+        Returns:
+          An `optax.GradientTransformationExtraArgs`; its update reads `params` and, optionally, `loss`.
+        """
         del is_training
         self.check_theta(theta, "RNNMLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         hl = self.lstm_hidden
-        sum_blocks = not ft.updates_are_batched()  # per-tensor sums in blocks, unless vmapped (see features)
 
         def init_fn(params):
             n = len(jax.tree_util.tree_leaves(params))
@@ -146,7 +157,7 @@ class RNNMLPLOpt(LearnedOptimizer):
                 feats.append(x)
                 n = jnp.size(p)
                 stats.append(feature_sum_squares(g32.reshape(-1), p32.reshape(-1), m.reshape(len(self.decays), n),
-                                                 v.reshape(-1), self._mom_idx, sum_blocks) / n)
+                                                 v.reshape(-1), self._mom_idx) / n)
             if not gs:
                 return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)
             stats = jnp.stack(stats)                                                   # [L, F]

@@ -117,15 +117,15 @@ def floor_fn(family, learned_opt, theta, num_particles: int, num_steps: int):
 
     Deliberately the bare loop rather than `train_model.train_step`: one key per step used as is
     (no per-step split), no finiteness test, no resets, so × floor charges an estimator for all
-    of its own work."""
+    of its own work. Each particle has its own copy of theta, as the estimators' particles have
+    their own perturbed theta (so the learned optimizer's products are batched alike)."""
     data = family.data
 
-    def one(key, data):
+    def one(theta, key, data):
         cfg = family.sample(key)
         task = family.task_fn(cfg)
         params, ms = task.init_with_state(key)
-        with lopt.features.batched_updates():  # vmapped over tasks, as LOptTruncatedStep builds it
-            tx = learned_opt.opt_fn(theta, is_training=True)
+        tx = learned_opt.opt_fn(theta, is_training=True)
         opt_state = tx.init(params)
 
         def body(carry, k):
@@ -138,10 +138,12 @@ def floor_fn(family, learned_opt, theta, num_particles: int, num_steps: int):
         _, losses = jax.lax.scan(body, (params, ms, opt_state), jax.random.split(key, num_steps))
         return losses.mean()
 
-    # compiled with the estimators' options, so × floor measures estimator overhead alone
-    run = jax.jit(jax.vmap(one, in_axes=(0, None)), compiler_options=ot.default_compiler_options() or None)
+    # each particle its own copy of theta, as the estimators' perturbed particles have; compiled with
+    # the estimators' options, so × floor measures estimator overhead alone
+    per_particle = jax.tree_util.tree_map(lambda t: jax.numpy.broadcast_to(t, (num_particles,) + t.shape), theta)
+    run = jax.jit(jax.vmap(one, in_axes=(0, 0, None)), compiler_options=ot.default_compiler_options() or None)
     keys = jax.random.split(jax.random.key(0), num_particles)
-    return lambda: run(keys, data)
+    return lambda: run(per_particle, keys, data)
 
 
 def make_call(est, theta, num_calls: int):

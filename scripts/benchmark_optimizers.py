@@ -16,7 +16,7 @@ forward/backward pass does. `--burst K` times the mean of K back-to-back calls i
 keeps a 1M-parameter model's inputs in cache and so flatters memory-bound Adam most (on this
 machine Adam 1M: 1.5 -> 0.8 ms). The machine's f32 matmul throughput (median of a big square
 matmul) gives MLPLOpt's FLOP floor: 2 · (its per-parameter MLP multiply-adds) · N / throughput.
-Its GEMM floor (the bar since issue #16) is measured instead: the time of its three GEMMs alone,
+Its GEMM floor is measured instead: the time of its three GEMMs alone,
 [H, F] @ [F, c], [H, H] @ [H, c], [2, H] @ [H, c], over all N parameters in blocks of c
 (`gemm_floor_call`, writing into a donated buffer like the train step), timed interleaved with
 the optimizers at each block size of `GEMM_BLOCKS`; the floor is the fastest of them
@@ -112,7 +112,7 @@ def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
 
 def gemm_floor_call(lo: lopt.MLPLOpt, n: int) -> Callable[[], jax.Array]:
     """A compiled, warmed-up call of MLPLOpt's three GEMMs alone on n parameters, in its blocks of
-    `lo.block_size`.
+    `lo.block_size(n)` parameters.
 
     Each block computes W3ᵀ (W2ᵀ (W1ᵀ x)) on a [F, c] slice of a random [F, n] input (an
     optimization barrier between the layers keeps XLA from re-associating the chain) and writes
@@ -122,14 +122,14 @@ def gemm_floor_call(lo: lopt.MLPLOpt, n: int) -> Callable[[], jax.Array]:
     ~18 ms at 10M parameters on this machine).
 
     Args:
-      lo: the MLPLOpt whose `num_features`, `hidden_size`, `hidden_layers` and `block_size` count.
+      lo: the MLPLOpt whose `num_features`, `hidden_size`, `hidden_layers` and `block_size(n)` count.
       n: the number of parameters.
 
     Returns:
       A no-argument function running the GEMMs once and returning the output.
     """
     from lopt import features as ft
-    f, h, c = lo.num_features, lo.hidden_size, min(lo.block_size, n)
+    f, h, c = lo.num_features, lo.hidden_size, lo.block_size(n)
     ks = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(ks[0], (f, n), jnp.float32)
     w1 = jax.random.normal(ks[1], (h, f), jnp.float32)
@@ -272,11 +272,12 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
             lines.append(f"| {size} ({n:,}) | {name} | {t.update_s * 1e3:.2f} | {t.update_s / adam.update_s:.1f} | "
                          f"{t.step_s * 1e3:.2f} | {t.step_s / adam.step_s:.1f} | {t.state_bytes:.1f} |")
     lines += ["", f"MLPLOpt's floors: the FLOP floor = 2 × {floor_macs} multiply-adds/param × N ÷ the square-matmul "
-                  "throughput; the GEMM floor (the bar since issue #16: MLPLOpt within 1.5× of it) = its three "
+                  "throughput; the GEMM floor (the bar: MLPLOpt within 1.5× of it) = its three "
                   "GEMMs alone (`gemm_floor_call`, writing in place into a donated buffer), timed interleaved with the "
                   "optimizers at the block size, of "
                   f"{', '.join(str(c) for c in GEMM_BLOCKS)}, where this machine runs them fastest, with the "
-                  f"throughput they reach there; MLPLOpt itself runs at its default block ({lo.block_size} here). "
+                  "throughput they reach there; MLPLOpt itself runs a tensor of n parameters in blocks of "
+                  "`lopt.features.block_size(n)` (32768 for these models' big matrices). "
                   "AdafacMLPLOpt target ≤ 8× Adam.", "",
               "| model | MLPLOpt ms (update / train step) | × FLOP floor | GEMM floor ms (block, GFLOP/s) "
               "| × GEMM floor (update / train step) | AdafacMLPLOpt × Adam (update / train step) |",

@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from lopt import features as lopt_features
 from outer_trainers import devices as D
 from outer_trainers.steps import unroll as U
 from outer_trainers.estimators import antithetic as A
@@ -141,10 +140,9 @@ def sharded_truncation(ts, mesh: Mesh, theta, inner, acc, eps, keys, std: float,
 
     def local(theta, inner, acc, eps, keys, outer_state, data):
         states = jax.tree_util.tree_map(lambda x: x.reshape((2 * m,) + x.shape[2:]), inner)
-        with lopt_features.sharded_updates(mesh.shape[D.AXIS]):  # per-core blocks for this device's share
-            states, out = U.unroll_with_keys(ts, A.tree_stack_pm(theta, eps), states,
-                                             jnp.concatenate([keys, keys], axis=1), outer_state=outer_state,
-                                             data=data, reset_groups=2)
+        states, out = U.unroll_with_keys(ts, A.tree_stack_pm(theta, eps), states,
+                                         jnp.concatenate([keys, keys], axis=1), outer_state=outer_state,
+                                         data=data, reset_groups=2)
         grad, acc, stats = pes_update(out, eps, acc, std, n)
         grad, stats = jax.lax.psum((grad, stats), D.AXIS)
         inner = jax.tree_util.tree_map(lambda x: x.reshape((2, m) + x.shape[1:]), states)

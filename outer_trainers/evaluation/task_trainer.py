@@ -15,7 +15,6 @@ A run dict: `{"optimizer": name, "learning_rate": float (NaN when there is none)
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any, Callable, Sequence
 
@@ -24,7 +23,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lopt import features as lopt_features
 from outer_trainers.training.train_state import eval_loss, init_train_state, train_step
 from tasks.base import TaskFamily, check_count
 
@@ -39,7 +37,8 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
 
     Each task `family.task_fn(cfg)` starts from `train_model`'s `init_train_state` and takes
     `num_steps` `train_step`s with `make_tx(tx_args)` under `lax.scan`; the T tasks are vmapped
-    over `cfgs` and `keys`. `tx_args` is traced, so one compile serves every lr or theta.
+    over `cfgs`, `keys` and a copy of `tx_args` each. `tx_args` is traced, so one compile serves
+    every lr or theta.
 
     Args:
       family: the task family whose `task_fn` builds each task from its cfg.
@@ -65,9 +64,7 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
 
     def train_one(tx_args, cfg, key, data):
         task = family.task_fn(cfg)
-        # vmapped over the tasks (and settings): blocks sized for a batch (lopt.features)
-        with contextlib.nullcontext() if sequential else lopt_features.batched_updates():
-            tx = make_tx(tx_args)
+        tx = make_tx(tx_args)
         k_init, k_train, k_eval = jax.random.split(key, 3)
         state = init_train_state(task, tx, k_init)
         state, losses = jax.lax.scan(lambda s, k: train_step(task, tx, s, data, k), state,
@@ -79,7 +76,13 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
 
     if sequential:
         return jax.jit(functools.partial(_in_sequence, train_one, batched_args))
-    over_tasks = jax.vmap(train_one, in_axes=(None, 0, 0, None))
+
+    def over_tasks(tx_args, cfgs, keys, data):
+        # each task gets its own copy of tx_args, so a learned optimizer's weights are batched like
+        # the activations they multiply: one batched GEMM per layer (see lopt.MLPLOpt)
+        per_task = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, keys.shape[:1] + jnp.shape(a)), tx_args)
+        return jax.vmap(train_one, in_axes=(0, 0, 0, None))(per_task, cfgs, keys, data)
+
     return jax.jit(jax.vmap(over_tasks, in_axes=(0, None, None, None)) if batched_args else over_tasks)
 
 

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from lopt import features as lopt_features
 from lopt.base import LearnedOptimizer
 from outer_trainers.tree_utils import tree_all_finite, tree_where
 from outer_trainers.steps.truncated_step import StepOut, TruncatedStep, group_episode_ends, reset_where
@@ -90,9 +89,7 @@ class LOptTruncatedStep(TruncatedStep):
         return self.task_family.data
 
     def _tx(self, theta, trunc_state):
-        # the step runs vmapped over particles: blocks sized for a batch (features.batched_updates)
-        with lopt_features.batched_updates():
-            return self.learned_opt.opt_fn(theta, num_steps=trunc_state.length, is_training=True)
+        return self.learned_opt.opt_fn(theta, num_steps=trunc_state.length, is_training=True)
 
     def init(self, theta, key, *, outer_state=None, data=None, initial_offset=0) -> LOptInnerState:
         """A freshly sampled and initialised task; `initial_offset` starts its step counter there

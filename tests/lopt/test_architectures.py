@@ -196,42 +196,42 @@ def test_mlp_lopt_chunk_size_does_not_change_updates():
     chex.assert_trees_all_close(ups[0], ups[1], rtol=1e-5, atol=1e-9)
 
 
-# the architectures whose per-tensor statistics are sums over each tensor (`features.blockwise_sum`),
-# and those of them that take the sums whole when built for batched updates (vmapped over models)
+# the architectures whose per-tensor statistics are sums over each tensor (`features.blockwise_sum`)
 SUMS_IN_BLOCKS = {"MLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt", "NormMLPLOpt", "HyperLOpt"}
-SUMS_WHOLE_BATCHED = {"MLPLOpt", "RNNMLPLOpt", "NormMLPLOpt"}
 
 
 def test_blockwise_sums_do_not_change_updates(arch, monkeypatch):
     """The per-tensor sums taken in blocks of 2 parameters (of 2 rows for AdafacMLPLOpt's matrix)
     give the same updates, over three steps, as whole-tensor sums, and add a loop (a `lax.map`) to
-    the update of the architectures that take them; built inside `features.batched_updates()`,
-    MLPLOpt, RNNMLPLOpt and NormMLPLOpt take them whole (same updates, no loop)."""
+    the update of the architectures that take them; the same under vmap over two models."""
     from lopt import features as ft
-    import contextlib
     lo, theta = arch
     params = make_params()
 
-    def steps(batched=False):
-        with ft.batched_updates() if batched else contextlib.nullcontext():
-            tx = lo.opt_fn(theta)
-        step = jax.jit(lambda g, s, p: tx.update(g, s, p, loss=jnp.asarray(0.5)))  # a fresh jit: no shared cache
-        state, out = tx.init(params), []
+    def steps(vmapped=False):
+        tx = lo.opt_fn(theta)
+        step = lambda g, s, p: tx.update(g, s, p, loss=jnp.asarray(0.5))
+        if vmapped:  # two copies of the model, as meta-training's particles run the update
+            two = lambda t: jax.tree_util.tree_map(lambda x: jnp.stack([x, x]), t)
+            step = jax.vmap(step)
+        else:
+            two = lambda t: t
+        step = jax.jit(step)  # a fresh jit: no shared cache
+        state, out = two(tx.init(params)), []
         for i in range(3):
-            u, state = step(grads_for(params, i), state, params)
-            out.append(u)
-        loops = str(jax.make_jaxpr(step)(grads_for(params, 0), tx.init(params), params)).count("scan[")
+            u, state = step(two(grads_for(params, i)), state, two(params))
+            out.append(jax.tree_util.tree_map(lambda x: x[1], u) if vmapped else u)
+        loops = str(jax.make_jaxpr(step)(two(grads_for(params, 0)), two(tx.init(params)), two(params))).count("scan[")
         return out, loops
 
     whole, whole_loops = steps()
     monkeypatch.setattr(ft, "SUM_BLOCK", 2)
     monkeypatch.setattr(ft, "SUM_MIN_BLOCKS", 2)
-    name = type(lo).__name__
-    for batched in (False, True):
-        blocked, blocked_loops = steps(batched)
+    in_blocks = type(lo).__name__ in SUMS_IN_BLOCKS
+    for vmapped in (False, True):
+        blocked, blocked_loops = steps(vmapped)
         chex.assert_trees_all_close(blocked, whole, rtol=2e-5, atol=1e-7)
-        in_blocks = name in SUMS_IN_BLOCKS and not (batched and name in SUMS_WHOLE_BATCHED)
-        assert (blocked_loops > whole_loops) == in_blocks, (batched, blocked_loops, whole_loops)
+        assert (blocked_loops > whole_loops) == in_blocks, (vmapped, blocked_loops, whole_loops)
 
 
 def test_bf16_params_inside_lax_scan(arch):

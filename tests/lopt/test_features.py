@@ -1,11 +1,11 @@
-"""lopt.features' blockwise sums: the same sum as the whole axis's, split only when there are
-enough blocks; and `updates_are_batched`, which tells optimizers built inside `batched_updates()`."""
+"""lopt.features' blockwise sums (the same sum as the whole axis's, split only when there are
+enough blocks), blockwise maps (the same values in every block size) and `block_size`, a function
+of a tensor's size alone."""
 import chex
 import jax
 import jax.numpy as jnp
 import pytest
 
-import lopt
 from lopt import features as ft
 
 
@@ -41,31 +41,37 @@ def test_blockwise_sum_under_vmap():
                                 rtol=1e-5)
 
 
-def test_default_blocks_and_the_batched_context():
+def test_default_sum_blocks():
     """`blockwise_sum`'s default: 131072-element blocks from 16 blocks (2M elements) on, the whole
-    axis below; `updates_are_batched` tells whether `batched_updates()` is entered."""
+    axis below."""
     assert ft.SUM_BLOCK == 131072 and ft.SUM_MIN_BLOCKS == 16
     sizes = []
     for n in (16 * 131072 - 1, 16 * 131072 + 5):
         x = jnp.ones((1, n))
         jax.eval_shape(lambda x: ft.blockwise_sum(_sum_of_squares(x, sizes), x.shape[1]), x)
     assert sizes == [16 * 131072 - 1, 131072, 5]
-    assert not ft.updates_are_batched()
-    with ft.batched_updates():
-        assert ft.updates_are_batched()
-    assert not ft.updates_are_batched()
 
 
-def test_sharded_updates_choose_the_per_core_block_for_batched_updates_only():
-    """Inside `sharded_updates(D)` with D > 1 (a batch sharded over CPU devices), a batched update's
-    block is `BLOCK_PER_CORE`; with D = 1, or outside it, `BLOCK_ONE_DEVICE`; an unbatched update
-    keeps `BLOCK_UNBATCHED` either way; the contexts are left as they were."""
-    assert jax.local_devices()[0].platform == "cpu"
-    with ft.sharded_updates(4):
-        assert ft.default_block_size(batched=True) == ft.BLOCK_PER_CORE == 1024
-        assert ft.default_block_size(batched=False) == ft.BLOCK_UNBATCHED
-        with ft.sharded_updates(1):
-            assert ft.default_block_size(batched=True) == ft.BLOCK_ONE_DEVICE
-        with ft.batched_updates():
-            assert ft.default_block_size() == lopt.MLPLOpt().block_size == ft.BLOCK_PER_CORE
-    assert ft.default_block_size(batched=True) == ft.BLOCK_ONE_DEVICE == 4096
+def test_block_size_is_a_function_of_the_size():
+    """n < 2048: one block of n; then about n / 8 in multiples of 1024, from 1024 to 32768; always
+    1 ≤ c ≤ n. No context, device count or caller changes it."""
+    assert [ft.block_size(n) for n in (1, 1000, 2047)] == [1, 1000, 2047]
+    assert [ft.block_size(n) for n in (2048, 8192, 16384, 42_634, 196_608, 802_816, 6_291_456)] == [
+        1024, 1024, 2048, 5120, 24576, 32768, 32768]
+    for n in range(1, 300_000, 997):
+        c = ft.block_size(n)
+        assert 1 <= c <= n and (c == n or c % ft.MIN_BLOCK == 0) and c <= ft.MAX_BLOCK, (n, c)
+
+
+@pytest.mark.parametrize("n,c", [(10, 10), (10, 3), (64, 16), (1000, 300)])
+def test_blockwise_map_is_the_same_in_every_block_size(n, c):
+    """[out_rows, n] from the (possibly overlapping) blocks of `block_starts`: the values of fn on
+    the whole axis at once (to float32 rounding), inside jit and under vmap."""
+    x = jax.random.normal(jax.random.key(2), (4, n))
+    w = jax.random.normal(jax.random.key(3), (2, 4))
+    fn = lambda x: lambda s: jnp.tanh(w @ jax.lax.dynamic_slice_in_dim(x, s, c, axis=1))
+    whole = jnp.tanh(w @ x)
+    chex.assert_trees_all_close(jax.jit(lambda x: ft.blockwise_map(fn(x), n, c, 2))(x), whole, rtol=1e-6, atol=1e-7)
+    xs = jnp.stack([x, 2 * x])
+    got = jax.jit(jax.vmap(lambda x: ft.blockwise_map(fn(x), n, c, 2, like=x[0])))(xs)
+    chex.assert_trees_all_close(got, jnp.stack([whole, jnp.tanh(w @ (2 * x))]), rtol=1e-6, atol=1e-7)

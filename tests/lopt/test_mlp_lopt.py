@@ -1,6 +1,4 @@
 """MLPLOpt against a direct transcription of its documented math (no folding, no blocking)."""
-import contextlib
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -60,89 +58,90 @@ def test_matches_reference_over_steps(chunk_size, column_min_size):
         assert float(jnp.abs(got["w"]).max()) > 1e-4  # not a trivially tiny update
 
 
-def test_block_size_follows_the_devices_unless_given():
-    """An update of one model: the 32768 block; an update batched over many models
-    (`features.batched_updates()`) on one CPU device (the test process): the 4096 block; an
-    explicit chunk_size wins; 0 is refused. (Several CPU devices give 1024 batched:
-    tests/outer_trainers/test_devices.py.)"""
+def test_block_size_follows_the_tensor_unless_given():
+    """A tensor of n parameters runs in blocks of `features.block_size(n)`, a function of n alone
+    (1024 for the small tensors of meta-training's tasks, 32768 for a big model's matrices); an
+    explicit chunk_size wins (capped at n); 0 is refused; neither is part of config()."""
     from lopt import features as ft
-    assert len(jax.local_devices()) == 1 or jax.local_devices()[0].platform != "cpu"
-    assert ft.default_block_size() == ft.default_block_size(batched=False) == ft.BLOCK_UNBATCHED == 32768
-    assert ft.default_block_size(batched=True) == ft.BLOCK_ONE_DEVICE == 4096
-    assert lopt.MLPLOpt().block_size == 32768 and lopt.MLPLOpt(chunk_size=300).block_size == 300
-    with ft.batched_updates():
-        assert ft.default_block_size() == lopt.MLPLOpt().block_size == 4096
-        assert ft.default_block_size(batched=False) == 32768 and lopt.MLPLOpt(chunk_size=300).block_size == 300
-    assert ft.default_block_size() == 32768  # the context is left
-    assert "chunk_size" not in lopt.MLPLOpt().config()
+    lo = lopt.MLPLOpt()
+    assert [lo.block_size(n) for n in (1000, 2048, 8192, 16384, 802816, 6291456)] == [
+        1000, 1024, 1024, 2048, 32768, 32768]
+    assert all(lo.block_size(n) == ft.block_size(n) for n in (256, 2047, 5000, 100_000))
+    assert lopt.MLPLOpt(chunk_size=300).block_size(10_000) == 300
+    assert lopt.MLPLOpt(chunk_size=300).block_size(256) == 256
+    assert "chunk_size" not in lo.config()
     with pytest.raises(ValueError, match="chunk_size >= 1"):
         lopt.MLPLOpt(chunk_size=0)
 
 
-def test_batched_update_runs_in_the_batched_blocks():
-    """`opt_fn` called inside `features.batched_updates()` (as LOptTruncatedStep and the evaluation
-    trainer call it) blocks a 10,000-parameter tensor in the batched 4096 blocks (a loop); called
-    outside, in one 32768 block (no loop); both compute the same update."""
-    from lopt import features as ft
+def test_block_size_changes_speed_not_the_update():
+    """A 10,000-parameter tensor in its default blocks (`features.block_size`: 1024, a loop of
+    overlapping blocks), in blocks of 300 and in one block of 32768 (no loop): the same updates
+    over three steps, up to float32 rounding (XLA's GEMMs of other widths may round differently)."""
     lo = lopt.MLPLOpt(hidden_size=8)
     theta = lo.init(jax.random.key(0))
     params = {"w": jax.random.normal(jax.random.key(1), (100, 100))}
-    grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.sin(p), params)
     outs, loops = [], []
-    for batched in (True, False):
-        with ft.batched_updates() if batched else contextlib.nullcontext():
-            tx = lo.opt_fn(theta, is_training=batched)
+    for chunk_size in (None, 300, 32768):
+        tx = lopt.MLPLOpt(hidden_size=8, chunk_size=chunk_size).opt_fn(theta)
         fn = jax.jit(tx.update)
-        loops.append(" while(" in fn.lower(grads, tx.init(params), params).compile().as_text())
-        outs.append(fn(grads, tx.init(params), params)[0])
-    assert loops == [True, False]
+        state = tx.init(params)
+        loops.append(" while(" in fn.lower(params, state, params).compile().as_text())
+        ups = []
+        for i in range(3):
+            u, state = fn(jax.tree_util.tree_map(lambda p: 0.1 * jnp.sin(p * (i + 1)), params), state, params)
+            ups.append(u)
+        outs.append(ups)
+    assert loops == [True, True, False]
+    assert float(jnp.abs(outs[0][-1]["w"]).max()) > 1e-4
     chex.assert_trees_all_close(outs[0], outs[1], rtol=1e-5, atol=1e-9)
+    chex.assert_trees_all_close(outs[0], outs[2], rtol=1e-5, atol=1e-9)
 
 
-@pytest.mark.parametrize("shared_theta", [False, True])
-def test_vmapped_update_multiplies_untransposed_weights(shared_theta):
-    """Vmapped over models (meta-training's particles, each with its own perturbed theta; or the
-    evaluation trainer's tasks, sharing one theta), the block MLP's three products (first layer
-    [B, H, c], hidden [B, H, c], output [B, 2, c]) are batched products contracting the weights'
-    last dimension, the layout XLA's CPU backend runs as a GEMM. With the hidden and output
-    weights transposed inside the product it ran them as its generic batched dot (PES on the
-    benchmark's problem (d) 16% slower); with one shared theta it transposed the activations
-    around an unbatched product (problem (d)'s floor 20% slower). Checked in the compiled program,
-    and the vmapped update still equals each model's own update."""
+@pytest.mark.parametrize("theta_per_model", ["own", "broadcast"])
+def test_vmapped_update_multiplies_untransposed_weights(theta_per_model):
+    """Vmapped over models that each have a theta (meta-training's particles, each with its own
+    perturbed theta; or one theta broadcast to every model, as the evaluation trainer does), the
+    block MLP's three products (first layer [B, H, c], hidden [B, H, c], output [B, 2, c]) are
+    batched products contracting the weights' last dimension, the layout XLA's CPU backend runs as
+    a GEMM. Checked in the compiled program, and the vmapped update equals each model's own update."""
     import re
-    from lopt import features as ft
     lo = lopt.MLPLOpt(hidden_size=16, chunk_size=64)
     models = 3
-    thetas = lo.init(jax.random.key(0)) if shared_theta else jax.vmap(lo.init)(jax.random.split(jax.random.key(0), models))
+    if theta_per_model == "own":
+        thetas = jax.vmap(lo.init)(jax.random.split(jax.random.key(0), models))
+    else:
+        thetas = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (models,) + x.shape), lo.init(jax.random.key(0)))
     params = {"w": jax.random.normal(jax.random.key(1), (models, 16, 16))}  # 256 parameters: 4 blocks of 64
     grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.sin(p), params)
 
     def update(theta, g, p):
-        with ft.batched_updates():
-            tx = lo.opt_fn(theta, is_training=True)
+        tx = lo.opt_fn(theta, is_training=True)
         return tx.update(g, tx.init(p), p)[0]
 
-    fn = jax.jit(jax.vmap(update, in_axes=(None if shared_theta else 0, 0, 0)))
+    fn = jax.jit(jax.vmap(update))
     hlo = fn.lower(thetas, grads, params).compile().as_text()
     dims = re.findall(r"= f32\[3,(?:16|2),64\]\{[0-9,]+\} dot\([^\n]*?lhs_batch_dims=\{0\}, lhs_contracting_dims=\{(\d)\}", hlo)
     assert len(dims) >= 3 and set(dims) == {"2"}, dims
     got = fn(thetas, grads, params)
     for i in range(models):
-        theta_i = thetas if shared_theta else jax.tree_util.tree_map(lambda x: x[i], thetas)
-        p_i, g_i = ({"w": t["w"][i]} for t in (params, grads))
+        theta_i, p_i, g_i = (jax.tree_util.tree_map(lambda x: x[i], t) for t in (thetas, params, grads))
         chex.assert_trees_all_close(jax.tree_util.tree_map(lambda x: x[i], got), update(theta_i, g_i, p_i),
                                     rtol=1e-5, atol=1e-9)
 
 
-def test_vary_like_keeps_the_value_and_takes_the_batch():
-    """`vary_like(x, ref)` is x for any ref (NaN and infinities included) and, under vmap, has
-    ref's batch dimension; its gradient with respect to x is the identity."""
-    from lopt.mlp_lopt import vary_like
-    x = jnp.arange(6.0).reshape(2, 3)
-    refs = jnp.asarray([0.5, jnp.nan, jnp.inf, -jnp.inf])
-    out = jax.vmap(vary_like, in_axes=(None, 0))(x, refs)
-    chex.assert_shape(out, (4, 2, 3))
-    chex.assert_trees_all_equal(out, jnp.broadcast_to(x, (4, 2, 3)))
-    chex.assert_trees_all_equal(vary_like(x, jnp.asarray(jnp.nan)), x)
-    chex.assert_trees_all_equal(jax.grad(lambda x: jnp.sum(vary_like(x, jnp.asarray(jnp.nan)) * 2.0))(x),
-                                jnp.full_like(x, 2.0))
+def test_vmapped_update_with_a_shared_theta():
+    """Vmapped over models with one shared theta (`in_axes=None`): each model's own update."""
+    lo = lopt.MLPLOpt(hidden_size=16, chunk_size=64)
+    theta = lo.init(jax.random.key(0))
+    params = {"w": jax.random.normal(jax.random.key(1), (3, 16, 16))}
+    grads = jax.tree_util.tree_map(lambda p: 0.1 * jnp.sin(p), params)
+
+    def update(g, p):
+        tx = lo.opt_fn(theta)
+        return tx.update(g, tx.init(p), p)[0]
+
+    got = jax.jit(jax.vmap(update))(grads, params)
+    for i in range(3):
+        g_i, p_i = ({"w": t["w"][i]} for t in (grads, params))
+        chex.assert_trees_all_close(jax.tree_util.tree_map(lambda x: x[i], got), update(g_i, p_i), rtol=1e-5, atol=1e-9)

@@ -34,18 +34,13 @@ def test_use_all_cpu_cores_unless_the_user_chose():
     assert _probe({"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}, "3") == [0, 1, 0]
 
 
-def test_block_size_with_one_cpu_device_per_core():
-    """With one CPU device per core, MLPLOpt's block for batched updates is the per-core 1024 only
-    where the batch is sharded over the devices (`features.sharded_updates`, as the sharded PES
-    truncation runs); a one-device program in that process keeps the one-device 4096, and an update
-    of one model the 32768 block (issue #16)."""
+def test_block_size_does_not_depend_on_the_devices():
+    """MLPLOpt's blocks are a function of each tensor's size alone: the same with one CPU device per
+    core as in this process."""
+    sizes = (1000, 8192, 16384, 802816)
     code = ("import jax, lopt, outer_trainers as ot; ot.use_all_cpu_cores({arg}); "
-            "ctx = lopt.features.batched_updates(); ctx.__enter__(); "
-            "print(jax.device_count(), lopt.features.default_block_size(), lopt.MLPLOpt().block_size, "
-            "lopt.features.default_block_size(batched=False)); "
-            "sh = lopt.features.sharded_updates(jax.device_count()); sh.__enter__(); "
-            "print(lopt.features.default_block_size(), lopt.MLPLOpt().block_size)")
-    assert _probe({}, "3", code) == [3, 4096, 4096, 32768, 1024, 1024]
+            f"print(jax.device_count(), *[lopt.MLPLOpt().block_size(n) for n in {sizes}])")
+    assert _probe({}, "3", code) == [3] + [lopt.MLPLOpt().block_size(n) for n in sizes] == [3, 1000, 1024, 2048, 32768]
 
 
 def test_shard_count_and_mesh_errors():
@@ -87,28 +82,3 @@ def test_truncated_pes_shards_over_all_devices_with_the_one_device_estimate(comp
     with compile_counter() as c:
         est.estimate(theta, state, jax.random.key(99))
     assert c.count == 0
-
-
-@pytest.mark.multidevice
-def test_only_the_sharded_estimate_uses_per_core_blocks(monkeypatch):
-    """With one CPU device per core, the learned optimizer inside TruncatedPES's sharded truncation
-    is built for the per-core 1024 blocks, and inside an estimator that does not shard
-    (NoiseReuseES, one device's program) for the one-device 4096 blocks, with which the benchmark's
-    problem (d) trained its 16 tasks 1.3x faster in such a process (issue #16)."""
-    if jax.device_count() < 4:
-        pytest.fail("needs 4 devices: run with XLA_FLAGS=--xla_force_host_platform_device_count=4 -m multidevice")
-    lo = lopt.MLPLOpt(hidden_size=8)
-    build, blocks = lo.opt_fn, []
-    monkeypatch.setattr(lo, "opt_fn", lambda *a, **k: (blocks.append(lopt.features.default_block_size()),
-                                                       build(*a, **k))[1])
-    family = tasks.ImageMLPFamily("digits", hidden_sizes=(8,), batch_size=16)
-    step = ot.LOptTruncatedStep(family, lo, ot.LogUniformTruncationSchedule(3, 6))
-    theta = lo.init(jax.random.key(0))
-    seen = {}
-    for est in (ot.TruncatedPES(step, 4, 2, std=0.01), ot.NoiseReuseES(step, 4, 2, std=0.01)):
-        state = est.init_state(theta, jax.random.key(1))
-        blocks.clear()
-        est.estimate(theta, state, jax.random.key(2))
-        seen[type(est).__name__] = set(blocks)
-    assert seen == {"TruncatedPES": {lopt.features.BLOCK_PER_CORE}, "NoiseReuseES": {lopt.features.BLOCK_ONE_DEVICE}}
-    assert lopt.features.default_block_size(batched=True) == lopt.features.BLOCK_ONE_DEVICE  # contexts left

@@ -129,17 +129,16 @@ def test_sequential_runs_equal_vmapped_runs():
     assert vm[0].shape == (2, 12) and not np.allclose(vm[0][0], vm[0][1])
 
 
-@pytest.mark.parametrize("sequential", [False, True])
-def test_trainer_builds_vmapped_optimizers_for_batched_updates(sequential):
-    """make_task_trainer's vmapped runs build their optimizer inside `lopt.features.batched_updates()`
-    (MLPLOpt's blocks for a batch); its sequential runs (lax.map, one model at a time) do not."""
-    seen = []
-
-    def make_tx(lr):
-        seen.append(lopt.features.default_block_size())
-        return optax.sgd(lr)
-
-    fam = tasks.QuadraticFamily(dim=3)
-    ot.make_task_trainer(fam, make_tx, 3, sequential=sequential)(
-        jnp.float32(0.1), sample_cfgs(fam, jax.random.key(0), 2), jax.random.split(jax.random.key(1), 2), fam.data)
-    assert seen and set(seen) == {lopt.features.default_block_size(batched=not sequential)}
+def test_vmapped_learned_optimizer_runs_equal_the_sequential_ones():
+    """make_task_trainer gives each vmapped task its own copy of tx_args (a learned optimizer's
+    theta here, so its products are batched like its activations): the same losses as running the
+    tasks one after another."""
+    lo = lopt.MLPLOpt(hidden_size=4)
+    theta = lo.init(jax.random.key(0))
+    fam = tasks.QuadraticFamily(dim=300)  # a 300-parameter vector: MLPLOpt's blocked column-major path
+    cfgs, keys = sample_cfgs(fam, jax.random.key(0), 2), jax.random.split(jax.random.key(1), 2)
+    runs = [ot.make_task_trainer(fam, lambda th: lo.opt_fn(th), 4, sequential=sequential)(theta, cfgs, keys, fam.data)
+            for sequential in (False, True)]
+    for a, b in zip(*runs):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+    assert not np.allclose(runs[0][0][:, 0], runs[0][0][:, -1])  # the optimizer moved the params

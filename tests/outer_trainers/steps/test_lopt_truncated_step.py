@@ -167,18 +167,3 @@ def test_one_sided_nonfinite_ends_the_whole_pair(plain):
     # without the grouping the − half runs on in its old episode
     final1, _ = run(1)
     assert int(final1.inner_step[1]) == 6
-
-
-def test_step_builds_the_optimizer_for_batched_updates(monkeypatch):
-    """The step runs vmapped over particles, so it builds its optimizer inside
-    `lopt.features.batched_updates()` (MLPLOpt then uses the blocks that suit a batch)."""
-    seen = []
-    lo = lopt.LearnableSGD(0.1)
-    build = lo.opt_fn
-    monkeypatch.setattr(lo, "opt_fn", lambda *a, **k: (seen.append(lopt.features.default_block_size()), build(*a, **k))[1])
-    step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=2), lo, ot.ConstantTruncationSchedule(3))
-    theta = lo.init(jax.random.key(0))
-    state = step.init(theta, jax.random.key(1))
-    step.step(theta, state, jax.random.key(2))
-    assert seen and set(seen) == {lopt.features.default_block_size(batched=True)}
-    assert lopt.features.default_block_size() == lopt.features.BLOCK_UNBATCHED  # and left it after
