@@ -1,0 +1,37 @@
+"""Evaluation suites: named, fixed lists of held-out tasks, each with its step budget and seeds::
+
+    for t in tasks.suites.get("heldout-cpu"):
+        family = t.build()              # a TaskFamily whose every draw is the same task
+        ...                             # train t.num_steps steps for each seed in t.seeds
+
+A suite task is declared by its static config (`SuiteTask.static_config`): what must differ
+for a task to be held out from meta-training, i.e. what a compiled program is specialised on —
+the model kind, the dataset (with its resolution), the architecture (layer sizes, kernel, norm,
+activation, sequence length) and the batch size. Per-seed values (initialisation, batch order)
+are not part of it. `static_configs(family)` lists every static config a (meta-training) family
+can draw, and `overlaps(suite_tasks, family)` the suite tasks whose static config it can draw:
+a shipped optimizer's meta-training family must have none. Neither reads a dataset file.
+
+Suites (`names()`):
+
+- heldout-cpu: 12 tasks sized for a 2-core CPU: MLPs of several widths and depths, convnets (1-D
+  and 2-D), a transformer and an LSTM byte LM and a linear regression, on digits, signals1d,
+  Fashion-MNIST (14x14) and a procedural English-like text (`grammar_text`), 300-2000 steps,
+  3 seeds each. Needs the Fashion-MNIST IDX files (Debian package dataset-fashion-mnist); every
+  other dataset is built without files.
+- heldout-cpu-mnist: heldout-cpu plus two MNIST tasks; needs the MNIST IDX files locally (without
+  them `build` raises DatasetNotFoundError naming where it looked).
+- validation-cpu: 6 cheaper tasks (300-600 steps, 3 seeds) disjoint from heldout-cpu and from
+  the shipped recipes' meta-training families, on the same datasets (Fashion-MNIST at 7x7): for
+  choosing among a run's checkpoints, so heldout-cpu stays a test set nothing was selected on.
+- smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
+
+Every task is evaluated on the "test" split: the held-out loss after training is the mean
+loss over batches of that split.
+"""
+from tasks.suites.catalog import _SUITES, get, names
+from tasks.suites.held_out import held_out_report, overlaps, static_configs
+from tasks.suites.suite_task import METRICS, SuiteTask
+from tasks.suites.texts import _ADJECTIVES, _ADVERBS, _NOUNS, _PREPOSITIONS, _VERBS, _grammar_source, grammar_text
+
+__all__ = ["SuiteTask", "get", "names", "static_configs", "overlaps", "held_out_report", "grammar_text"]

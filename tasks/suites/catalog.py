@@ -1,0 +1,98 @@
+"""The built-in suites (see `tasks.suites`): their tasks, declared by static config, budget and seeds."""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from tasks.language import ByteLMTask
+from tasks.suites.suite_task import _LM_ARCH, SuiteTask, _canonical
+
+
+def _mlp(name, dataset, hidden, act, batch, steps, norm=None):
+    return SuiteTask(name, "image_mlp", dataset, batch,
+                     (("activation", act), ("hidden_sizes", tuple(hidden)), ("norm", norm)), steps)
+
+
+def _conv(name, dataset, channels, act, batch, steps, kernel=3):
+    return SuiteTask(name, "conv", dataset, batch,
+                     (("activation", act), ("channels", tuple(channels)), ("kernel_size", kernel)), steps)
+
+
+def _lm(name, model, batch, steps, seq_len=32, **kw):
+    defaults = {k: p.default for k, p in inspect.signature(ByteLMTask.__init__).parameters.items()
+                if k in _LM_ARCH[model]}
+    return SuiteTask(name, "byte_lm", "grammar_text", batch,
+                     _canonical({"model": model, "seq_len": seq_len, **defaults, **kw}), steps)
+
+
+def _regression(name, dim, batch, steps, condition, noise_std=0.1, data_seed=17):
+    return SuiteTask(name, "linear_regression", f"regression_dim{dim}", batch, (("dim", dim),), steps,
+                     options=_canonical({"condition": float(condition), "noise_std": float(noise_std),
+                                         "data_seed": data_seed}))
+
+
+_HELDOUT_CPU = (
+    _mlp("digits_mlp_64x64_tanh", "digits", (64, 64), "tanh", 64, 600),
+    _mlp("digits_mlp_256_relu_b32", "digits", (256,), "relu", 32, 1000),
+    _conv("digits_conv_8x16_relu", "digits", (8, 16), "relu", 64, 300),
+    _mlp("signals_mlp_128x128x128_gelu", "signals1d", (128, 128, 128), "gelu", 128, 1000),
+    _mlp("signals_mlp_48_swish_layernorm", "signals1d", (48,), "swish", 64, 600, norm="layer"),
+    _conv("signals_conv1d_16x32_relu", "signals1d", (16, 32), "relu", 64, 600, kernel=5),
+    _mlp("fmnist14_mlp_128_relu", "fashion_mnist_14", (128,), "relu", 128, 2000),
+    _mlp("fmnist14_mlp_96x48_tanh_b32", "fashion_mnist_14", (96, 48), "tanh", 32, 800),
+    _conv("fmnist14_conv_8x16_gelu", "fashion_mnist_14", (8, 16), "gelu", 32, 400),
+    _lm("text_transformer_d32", "transformer", 16, 800, d_model=32, num_heads=2, num_layers=1),
+    _lm("text_lstm_h48", "lstm", 16, 400, embed_dim=16, hidden_size=48),
+    _regression("regression_dim100_cond1000", 100, 32, 1000, condition=1000.0),
+)
+
+_MNIST = (
+    _mlp("mnist14_mlp_64x64_relu", "mnist_14", (64, 64), "relu", 64, 800),
+    _conv("mnist14_conv_8x16_relu", "mnist_14", (8, 16), "relu", 32, 400),
+)
+
+_SMOKE = (
+    dataclasses.replace(_mlp("smoke_digits_mlp_16_tanh", "digits", (16,), "tanh", 32, 60), seeds=(0, 1)),
+    dataclasses.replace(_regression("smoke_regression_dim8", 8, 16, 40, condition=10.0), seeds=(0, 1)),
+    dataclasses.replace(_conv("smoke_signals_conv1d_4", "signals1d", (4,), "relu", 16, 30), seeds=(0, 1)),
+)
+
+_VALIDATION_CPU = (
+    _mlp("val_digits_mlp_128_gelu", "digits", (128,), "gelu", 64, 500),
+    _mlp("val_signals_mlp_64x64_relu_b32", "signals1d", (64, 64), "relu", 32, 500),
+    _mlp("val_fmnist7_mlp_64_tanh", "fashion_mnist_7", (64,), "tanh", 64, 600),
+    _conv("val_signals_conv1d_8x16_gelu", "signals1d", (8, 16), "gelu", 64, 400),
+    _lm("val_text_lstm_h32", "lstm", 16, 300, embed_dim=16, hidden_size=32),
+    _regression("val_regression_dim50_cond100", 50, 32, 500, condition=100.0),
+)
+
+_SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
+           "validation-cpu": _VALIDATION_CPU}
+
+
+def names() -> list[str]:
+    """The names of the built-in suites.
+
+    Returns:
+      the names, sorted.
+    """
+    return sorted(_SUITES)
+
+
+def get(name: str) -> tuple[SuiteTask, ...]:
+    """The tasks of suite `name`.
+
+    Args:
+      name: a suite name (see `names`).
+
+    Returns:
+      the suite's SuiteTasks, in report order.
+
+    Raises:
+      ValueError: an unknown name (the message lists the suites).
+    """
+    if name not in _SUITES:
+        raise ValueError(f"unknown suite {name!r}; the suites are {names()}")
+    return _SUITES[name]
+
+
