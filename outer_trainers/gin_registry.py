@@ -15,7 +15,10 @@ State containers are the pytrees that carry values between steps or out of a run
 such as a truncation schedule or `CheckpointPolicy` is configuration and is registered.
 
 `load_config` parses gin files and bindings for the scripts, with their error handling.
-The library itself never imports gin: it runs with no config parsed.
+`learner.gin_run` holds the gin-configured meta-training run (`train`) of scripts/outer_train.py
+and the run description Ray workers rebuild from gin text.
+Only this module and `learner.gin_run` import gin, and `import outer_trainers` imports neither:
+the library runs with no config parsed.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ schedule), `learner` (`ray_outer_train`: the synchronous and asynchronous loops)
 (`pbt_outer_train`: population-based training of outer hyper-parameters with Ray Tune). Ray is
 imported only when these run: `import outer_trainers` works without the "ray" extra.
 """
-from outer_trainers.distributed.cluster import RayConnectionError, connect_ray, worker_runtime_env
+from outer_trainers.distributed.cluster import RayConnectionError, connect_ray, ray_connection, worker_runtime_env
 from outer_trainers.distributed.eval_worker import EvalClient, EvalWorker
 from outer_trainers.distributed.learner import ray_outer_train
 from outer_trainers.distributed.learner_state import init_learner_state, particle_keys
@@ -20,7 +20,8 @@ from outer_trainers.distributed.worker import EstimatorWorker
 from outer_trainers.distributed.worker_pool import WorkerPool, assign_estimators
 
 __all__ = [
-    "ray_outer_train", "pbt_outer_train", "pbt_reports", "connect_ray", "worker_runtime_env", "RayConnectionError",
+    "ray_outer_train", "pbt_outer_train", "pbt_reports", "connect_ray", "ray_connection", "worker_runtime_env",
+    "RayConnectionError",
     "EstimatorWorker", "WorkerPool", "assign_estimators", "EvalWorker", "EvalClient", "init_learner_state",
     "particle_keys",
 ]

@@ -4,6 +4,9 @@
     ...                                     # ray actors, ray.get, ...
     if started: ray.shutdown()
 
+    with ray_connection(address):           # the same, shut down on leaving if it started Ray
+        ...
+
 `worker_runtime_env(threads)` is the runtime environment of lopt's actors: it gives them this
 process's import path (`import_path`) and caps XLA's and OpenMP's threads per actor, so that N
 single-CPU actors on an N-core machine do not each start a pool of N threads (oversubscription
@@ -12,11 +15,12 @@ Ray is imported only when these functions run, so `outer_trainers` imports witho
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import warnings
-from typing import Optional
+from typing import Iterator, Optional
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 RAY_INSTALL_HINT = 'Ray is not installed: pip install -e ".[ray]" (ray[tune] >= 2.40)'
@@ -103,6 +107,32 @@ def connect_ray(address: Optional[str] = None, *, num_cpus: Optional[int] = None
                                  f"with `ray start --head` (then 'auto' on that machine, or host:port elsewhere), "
                                  f"or omit the address to run a local Ray instance.") from None
     return True
+
+
+@contextlib.contextmanager
+def ray_connection(address: Optional[str] = None, **connect_options) -> Iterator[bool]:
+    """`connect_ray(address)` for the duration of a `with` block.
+
+    Ray is shut down when the block is left (normally or by an exception) if this call started
+    or connected it; a Ray already initialised in this process is left running.
+
+    Args:
+        address: as for `connect_ray` (None: a local instance on the loopback address).
+        **connect_options: the other arguments of `connect_ray` (num_cpus, timeout_s).
+
+    Yields:
+        Whether this call started or connected Ray (`connect_ray`'s answer).
+
+    Raises:
+        RayConnectionError: `address` is malformed, or no Ray cluster answers there (before the block runs).
+        ImportError: Ray is not installed.
+    """
+    started = connect_ray(address, **connect_options)
+    try:
+        yield started
+    finally:
+        if started:
+            import_ray().shutdown()
 
 
 def import_path() -> str:

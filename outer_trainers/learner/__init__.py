@@ -2,7 +2,14 @@
 
 `gradient_learner` (`GradientLearner`: average estimates, drop non-finite ones, outer update),
 `outer_optimizers` (optax chains for theta), `outer_train` (the local meta-training loop),
-`meta_eval` (periodic meta-evaluation of theta on held-out tasks).
+`meta_eval` (periodic meta-evaluation of theta on held-out tasks), `run_records` (what a run
+records about itself for resume checks and metric labels).
+
+Two modules sit above the loop and are not re-exported (they use the whole package, Ray
+meta-training and the evaluation included): `meta_training_run` (one run in an output directory,
+step by step: argument checks, the output-directory policy, local or Ray meta-training, the
+comparison with Adam) and `gin_run` (those steps as the gin-configurable `train` of
+scripts/outer_train.py, and `GinRun`, the picklable description Ray workers rebuild it from).
 """
 from outer_trainers.learner.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.learner.meta_eval import MetaEvaluator

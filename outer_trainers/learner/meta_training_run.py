@@ -1,0 +1,243 @@
+"""One meta-training run in an output directory, step by step (what scripts/outer_train.py runs).
+
+    check_run_arguments(eval_num_tasks=..., eval_num_steps=..., eval_adam_lrs=..., num_workers=...)
+    learner, estimators = build_run(task_family=..., ..., copies=worker_copies(num_workers, n))
+    run, starts_new = check_output_dir(output_dir, policy, run_metadata(learner, estimators, config),
+                                       resume=resume, overwrite=overwrite)     # reads, writes nothing
+    with ray_connection(address):                       # only with Ray workers: fails fast, writes nothing
+        prepare_output_dir(run, starts_new=starts_new, overwrite=overwrite, config_text=text)
+        state = meta_train_locally(learner, estimators, num_steps, ...)   # or meta_train_on_ray(make_run, ...)
+        compare_with_adam(task_family, learned_opt, state.theta, output_dir, ...)
+
+The output-directory policy: a directory holds one run. `check_output_dir` decides, without
+writing, whether the run resumes from the newest readable checkpoint or starts new, and refuses
+(`ExistingRunError`) a new run over another run's results (`SCRIPT_RESULTS`) unless `overwrite`;
+a resume whose learner, estimators or config differ from the checkpoint's is refused too. Only
+then does `prepare_output_dir` write: it deletes the earlier results when overwriting and writes
+the run's config (config.gin). So every refusal leaves the directory as it was.
+
+Each step is a plain function of objects (no gin); `learner.gin_run.train` composes them as the
+gin-configurable `train` of scripts/outer_train.py. This module uses the package's public API
+through `outer_trainers` (like a user's script) and is not re-exported by `outer_trainers`.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+import optax
+
+import outer_trainers as ot
+from lopt.base import LearnedOptimizer
+from lopt.file_io import atomic_write_bytes
+from outer_trainers.runs.run_checkpoints import RUN_RESULTS, RunCheckpoints
+from outer_trainers.steps.truncation_schedule import TruncationSchedule
+from tasks.base import TaskFamily
+
+CONFIG_FILE, COMPARISON_FILE = "config.gin", "comparison.md"
+SCRIPT_RESULTS = RUN_RESULTS + (CONFIG_FILE, COMPARISON_FILE)  # what a run leaves in its output directory
+COMPARISON_SEED_OFFSET = 10_000  # the comparison's key is the run's seed + this
+
+
+def check_run_arguments(*, eval_num_tasks: int, eval_num_steps: int, eval_adam_lrs: Sequence[float],
+                        num_workers: int) -> None:
+    """Refuses settings of a run that could only fail after meta-training, before anything is built.
+
+    Args:
+      eval_num_tasks: held-out tasks of the final comparison with Adam (0: none).
+      eval_num_steps: inner steps of each comparison run.
+      eval_adam_lrs: Adam's learning-rate grid in the comparison.
+      num_workers: Ray worker actors (0: meta-train in this process).
+
+    Raises:
+      ValueError: a negative `eval_num_tasks` or `num_workers`, or a comparison without inner steps
+        or learning rates; the message names the `train.` binding to change.
+    """
+    if eval_num_tasks < 0:
+        raise ValueError(f"train.eval_num_tasks must be >= 0 (0: no comparison with Adam), got {eval_num_tasks}")
+    if eval_num_tasks > 0 and (eval_num_steps < 1 or not eval_adam_lrs):
+        raise ValueError(f"the comparison with Adam (train.eval_num_tasks = {eval_num_tasks}) needs "
+                         f"train.eval_num_steps >= 1 and at least one train.eval_adam_lrs, got eval_num_steps="
+                         f"{eval_num_steps}, eval_adam_lrs={tuple(eval_adam_lrs)}; set them, or eval_num_tasks = 0")
+    if num_workers < 0:
+        raise ValueError(f"train.num_workers must be >= 0 (0: no Ray workers), got {num_workers}")
+
+
+def worker_copies(num_workers: int, num_estimators: int) -> int:
+    """How many times the estimator list is repeated so that each Ray worker owns at least one estimator.
+
+    Args:
+      num_workers: Ray worker actors (0: none).
+      num_estimators: estimators in the run's list.
+
+    Returns:
+      ceil(num_workers / num_estimators) with workers and estimators, else 1.
+    """
+    if num_workers > 0 and num_estimators > 0:
+        return max(1, math.ceil(num_workers / num_estimators))
+    return 1
+
+
+def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_sched: TruncationSchedule,
+              estimators: Sequence[Callable], outer_opt: optax.GradientTransformation,
+              meta_loss_split: Optional[str] = None, copies: int = 1) -> tuple:
+    """The GradientLearner and the estimators of a run (nothing is compiled).
+
+    Args:
+      task_family: the tasks meta-trained on.
+      learned_opt: the learned optimizer meta-trained.
+      trunc_sched: the inner episodes' truncation schedule.
+      estimators: classes or factories taking the truncated step, one gradient estimator each.
+      outer_opt: the optax optimizer of theta.
+      meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
+      copies: how many times the estimator list is repeated (each copy has its own particles).
+
+    Returns:
+      (GradientLearner, [estimator, ...]) with `copies * len(estimators)` estimators, all on one
+      `LOptTruncatedStep`.
+    """
+    step = ot.LOptTruncatedStep(task_family, learned_opt, trunc_sched, meta_loss_split=meta_loss_split)
+    return ot.GradientLearner(learned_opt, outer_opt), [make(step) for _ in range(copies) for make in estimators]
+
+
+def make_meta_evaluator(learned_opt: LearnedOptimizer, task_family: TaskFamily, tasks: Optional[Sequence[Any]] = None,
+                        *, num_tasks: int, num_steps: int, seed: int) -> ot.MetaEvaluator:
+    """The run's periodic meta-evaluation: `learned_opt` on held-out draws of `tasks`.
+
+    Args:
+      learned_opt: the learned optimizer meta-trained.
+      task_family: the family meta-trained on, evaluated when `tasks` is empty.
+      tasks: Tasks or TaskFamilies to evaluate (None or empty: `[task_family]`).
+      num_tasks: tasks drawn per evaluated family.
+      num_steps: inner steps of each evaluation run.
+      seed: the seed of the evaluation's task draws.
+
+    Returns:
+      the MetaEvaluator.
+    """
+    return ot.MetaEvaluator(learned_opt, list(tasks or [task_family]), num_tasks=num_tasks, num_steps=num_steps,
+                            seed=seed)
+
+
+def check_output_dir(output_dir: str, policy: ot.CheckpointPolicy, metadata: dict, *, resume: bool,
+                     overwrite: bool) -> tuple[RunCheckpoints, bool]:
+    """Decides whether the run may resume or start in `output_dir`, writing nothing (the module's policy).
+
+    Args:
+      output_dir: the run's directory.
+      policy: when checkpoints are written and which are kept.
+      metadata: what a resumed checkpoint must match (`learner.run_records.run_metadata`).
+      resume: continue from the newest readable checkpoint; False starts a new run.
+      overwrite: a new run may replace the results (`SCRIPT_RESULTS`) of an earlier run.
+
+    Returns:
+      (run, starts_new): the directory's RunCheckpoints, and whether the run starts new (True) or
+      resumes (False).
+
+    Raises:
+      ExistingRunError: a new run over an earlier run's results without `overwrite`.
+      ValueError: the newest checkpoint belongs to a different run (the differences named).
+    """
+    run = RunCheckpoints(output_dir, policy, metadata, results=SCRIPT_RESULTS)
+    return run, run.check_start(resume=resume, overwrite=overwrite) is None
+
+
+def prepare_output_dir(run: RunCheckpoints, *, starts_new: bool, overwrite: bool,
+                       config_text: Optional[str] = None) -> None:
+    """The run's first writes, once `check_output_dir` let it start or resume.
+
+    Args:
+      run: the RunCheckpoints `check_output_dir` returned.
+      starts_new: whether the run starts new (`check_output_dir`'s answer).
+      overwrite: delete an earlier run's results (config.gin and comparison.md included) before a new run.
+      config_text: written to `CONFIG_FILE` in the output directory (None: not written).
+    """
+    if starts_new and overwrite:
+        run.clear_results()
+    if config_text is not None:
+        atomic_write_bytes(os.path.join(run.output_dir, CONFIG_FILE), config_text.encode("utf-8"))
+
+
+def meta_train_locally(learner: ot.GradientLearner, estimators: Sequence[ot.GradientEstimator], num_steps: int, *,
+                       weights: Optional[Sequence[float]] = None, meta_evaluator: Optional[ot.MetaEvaluator] = None,
+                       eval_every: int = 0, **loop_options: Any) -> ot.OuterTrainState:
+    """Meta-trains in this process: `outer_trainers.outer_train`.
+
+    The loop is looked up on the `outer_trainers` package when called, so `outer_trainers.outer_train`
+    replaced (e.g. by a test capturing the built estimators) is what runs.
+
+    Args:
+      learner: the run's GradientLearner.
+      estimators: the run's estimators.
+      num_steps: outer steps.
+      weights: the estimators' weights in the averaged gradient (None: equal).
+      meta_evaluator: the periodic meta-evaluation (None: none).
+      eval_every: outer steps between meta-evaluations (0: none).
+      **loop_options: the other options of `outer_train` (output_dir, seed, progress, log_every,
+        checkpoint_policy, resume, tensorboard, config, max_consecutive_dropped, ...).
+
+    Returns:
+      the final OuterTrainState.
+    """
+    return ot.outer_train(learner, estimators, num_steps, weights=weights, meta_evaluator=meta_evaluator,
+                          eval_every=eval_every, **loop_options)
+
+
+def meta_train_on_ray(make_run: Callable[[], tuple], num_steps: int, *, num_workers: int, copies: int = 1,
+                      weights: Optional[Sequence[float]] = None, make_evaluator: Optional[Callable[[], Any]] = None,
+                      eval_every: int = 0, **loop_options: Any) -> ot.OuterTrainState:
+    """Meta-trains with `num_workers` Ray worker actors: `outer_trainers.ray_outer_train`.
+
+    Args:
+      make_run: a picklable factory of (GradientLearner, estimators) that workers call (e.g. a
+        `learner.gin_run.GinRun`); its estimators are the run's list repeated `copies` times.
+      num_steps: outer steps.
+      num_workers: Ray worker actors (>= 1).
+      copies: how many times `make_run` repeats the estimator list (`worker_copies`).
+      weights: the weights of one copy of the estimator list (None: equal); repeated `copies` times.
+      make_evaluator: a picklable factory of the meta-evaluation, run in an evaluation actor (None: none).
+      eval_every: outer steps between meta-evaluations (0: none).
+      **loop_options: the other options of `ray_outer_train` (output_dir, seed, progress, log_every,
+        checkpoint_policy, resume, tensorboard, config, max_consecutive_dropped, max_staleness,
+        num_estimates_per_step, ray_address, ...).
+
+    Returns:
+      the learner's final OuterTrainState.
+    """
+    weights = list(weights) * copies if weights is not None else None
+    return ot.ray_outer_train(make_run, num_steps, num_workers=num_workers, weights=weights,
+                              make_evaluator=make_evaluator, eval_every_steps=eval_every, **loop_options)
+
+
+def compare_with_adam(task_family: TaskFamily, learned_opt: LearnedOptimizer, theta: Any, output_dir: str, *,
+                      num_tasks: int, num_steps: int, adam_lrs: Sequence[float], seed: int) -> str:
+    """Compares the meta-trained optimizer with tuned Adam on held-out tasks; prints and saves the table.
+
+    `compare_optimizers` on `num_tasks` draws of `task_family` (key: `seed + COMPARISON_SEED_OFFSET`),
+    every optimizer running `num_steps` inner steps (the learned one with that horizon). The table
+    is printed under its title and written to `COMPARISON_FILE` in `output_dir`.
+
+    Args:
+      task_family: the family meta-trained on, drawn again for held-out tasks.
+      learned_opt: the learned optimizer meta-trained.
+      theta: its meta-trained parameters.
+      output_dir: where `COMPARISON_FILE` goes.
+      num_tasks: held-out tasks (the protocol's seeds).
+      num_steps: inner steps of each run.
+      adam_lrs: Adam's learning-rate grid (extended past an edge holding the best rate).
+      seed: the run's seed.
+
+    Returns:
+      the Markdown written to `COMPARISON_FILE`.
+    """
+    results = ot.compare_optimizers(
+        task_family, lambda th: learned_opt.opt_fn(th, num_steps=num_steps), theta, num_tasks=num_tasks,
+        num_steps=num_steps, key=jax.random.key(seed + COMPARISON_SEED_OFFSET), adam_lrs=tuple(adam_lrs))
+    table = ot.format_comparison(results, num_steps)
+    title = f"Held-out {task_family.name} tasks ({num_tasks} tasks, same inner steps)"
+    print(f"\n{title}\n{table}")
+    text = f"# {title}\n\n{table}\n"
+    atomic_write_bytes(os.path.join(output_dir, COMPARISON_FILE), text.encode("utf-8"))
+    return text
