@@ -13,9 +13,16 @@ the same shapes reuses the compiled program.
 
 Compile options: on CPU the estimators' programs are compiled with LLVM at -O1
 (`xla_backend_optimization_level=1`, see `default_compiler_options`). Their code is many small
-fusions inside a scan, where -O3 buys nothing measurable but costs ~35% more compile time
-(PES on the MLP benchmark problem: 5.1-6.6 s -> 3.7-4.2 s, same step time; docs/benchmarks.md).
-Pass `compiler_options=` to an estimator to override ({} restores XLA's defaults).
+fusions inside a scan, where -O3 buys no step time but costs about a third more compile time
+(docs/benchmarks.md). Pass `compiler_options=` to an estimator to override ({} restores XLA's
+defaults).
+
+Compile options belong to a compiled program, so they apply where the estimator's function is
+one: a call from Python with concrete arrays (and `.lower`). Called inside a JAX transformation
+or trace (`jax.jit`, `jax.eval_shape`, `jax.grad`, `jax.vmap`, `lax.scan`, ...), the function is
+traced into the caller's computation and compiled, if at all, with the caller's options; JAX
+refuses options on a nested jit, so the estimator then uses a jit without them. Nothing else
+changes: the same function computes the same estimate.
 """
 from __future__ import annotations
 
@@ -92,7 +99,13 @@ def default_compiler_options() -> dict:
 
 
 class _OptionsJit:
-    """jax.jit(fn, compiler_options=...) for top-level calls, plain jax.jit(fn) under a trace."""
+    """`jax.jit(fn, compiler_options=...)` for top-level calls, `jax.jit(fn)` inside a trace.
+
+    A call whose arguments hold a `jax.core.Tracer` is inside a JAX transformation or trace;
+    JAX refuses compiler options on a jit nested in one (their program is the caller's), so
+    that call goes through the plain jit and is compiled with the caller's options (see the
+    module docstring). `lower` always uses the options: it lowers a top-level program.
+    """
 
     def __init__(self, fn, compiler_options: dict):
         self.plain = jax.jit(fn)
@@ -116,7 +129,9 @@ class GradientEstimator:
     Args:
         truncated_step: the TruncatedStep whose unrolls are differentiated.
         compiler_options: XLA compile options of the jitted functions; None for
-            `default_compiler_options()`, {} for XLA's defaults.
+            `default_compiler_options()`, {} for XLA's defaults. They apply to calls from
+            Python with concrete arrays; inside `jax.jit`, `eval_shape`, `grad`, `vmap` or
+            `scan` the caller's compilation decides (see the module docstring).
 
     Attributes:
         name: the estimator's label in logs and checkpoint metadata, e.g. "TruncatedPES(n=8,K=20)";
@@ -131,8 +146,6 @@ class GradientEstimator:
             raise TypeError(f"estimators need a outer_trainers.TruncatedStep, got {type(truncated_step).__name__}")
         self.truncated_step = truncated_step
         self.compiler_options = default_compiler_options() if compiler_options is None else dict(compiler_options)
-        # jax refuses compiler_options on a jit nested in another trace (eval_shape, an outer jit),
-        # so those calls go through a plain jit and inline into the caller's program
         self._jit_init = _OptionsJit(self._init_state, self.compiler_options)
         self._jit_estimate = _OptionsJit(self._estimate, self.compiler_options)
 
