@@ -3,7 +3,7 @@
 `TruncatedPESPMAP` is its former name, kept as an alias; it never used `jax.pmap`.
 
 The math is TruncatedPES's (`pes_update`); the N particle pairs are split over a 1-D
-`jax.sharding.Mesh` of D devices (axis "tasks") with `jax.shard_map`
+`jax.sharding.Mesh` of D devices (axis `devices.AXIS`) with `jax.shard_map`
 (`truncated_pes.sharded_truncation`, which TruncatedPES itself uses when several devices are
 visible): each device unrolls its N/D pairs (its + and − halves side by side), forms its partial
 sum of the estimate, and one `psum` per truncation combines them. What this class adds: the
@@ -61,7 +61,7 @@ class ShardedTruncatedPES(AntitheticTruncatedEstimator):
                  compiler_options: Optional[dict] = None):
         devices = list(jax.local_devices() if devices is None else devices)
         if not devices:
-            raise ValueError("TruncatedPESPMAP got devices=[]: it needs at least one device to shard its pairs "
+            raise ValueError("ShardedTruncatedPES got devices=[]: it needs at least one device to shard its pairs "
                              "over; pass devices=None for jax.local_devices()")
         num_tasks = check_int("num_tasks", num_tasks, minimum=1)
         num_devices = check_optional_int("num_devices", num_devices)
@@ -72,7 +72,7 @@ class ShardedTruncatedPES(AntitheticTruncatedEstimator):
                                  f"importing jax)")
             devices = devices[:num_devices]
         if num_tasks % len(devices):
-            raise ValueError(f"TruncatedPESPMAP: num_tasks={num_tasks} is not divisible by the {len(devices)} "
+            raise ValueError(f"ShardedTruncatedPES: num_tasks={num_tasks} is not divisible by the {len(devices)} "
                              f"devices it shards over; use a multiple of {len(devices)} or pass num_devices=")
         self.share_data = bool(share_data)
         self.mesh = Mesh(np.asarray(devices), (AXIS,))
@@ -80,7 +80,7 @@ class ShardedTruncatedPES(AntitheticTruncatedEstimator):
         super().__init__(truncated_step, num_tasks, trunc_length, std,
                          random_initial_iteration_offset=random_initial_iteration_offset,
                          compiler_options=compiler_options)
-        self.name = f"TruncatedPESPMAP(n={self.num_tasks},K={self.trunc_length},devices={self.num_devices})"
+        self.name = f"{type(self).__name__}(n={self.num_tasks},K={self.trunc_length},devices={self.num_devices})"
 
     def _shard(self, tree, spec):
         return jax.lax.with_sharding_constraint(tree, NamedSharding(self.mesh, spec))
