@@ -80,7 +80,15 @@ class EvalClient:
         self.failures = 0
 
     def due(self, step: int) -> bool:
-        """Whether an evaluation of step `step` is due (and the actor is idle)."""
+        """Whether an evaluation of theta at `step` is due: the actor is idle, and `every_steps` steps or
+        `every_seconds` seconds have passed since the last one (never twice at one step).
+
+        Args:
+            step: the learner's step.
+
+        Returns:
+            Whether `maybe_submit(step, ...)` would start an evaluation.
+        """
         if self._ref is not None:
             return False
         by_steps = self.every_steps and (step - (self._last_step or 0)) >= self.every_steps

@@ -7,9 +7,9 @@ the truncated estimators, `unroll_length` for the whole-episode FullES and FullG
 for the ES estimators; every other option is keyword-only.
 
 Shared pieces: `antithetic` (± pairs of the ES estimators), `full_episode` (the whole-episode
-meta-loss of FullES and FullGrad), `gradient_estimator` (the base classes), `validation`
-(argument checks), `estimator_schedule` (which estimator at which outer step), `multi_family`
-(one estimator per task family).
+meta-loss of FullES and FullGrad), `gradient_estimator` (the base classes and their compile
+options), `estimator_schedule` (which estimator at which outer step), `multi_family` (one
+estimator per task family); the constructors' argument checks are `outer_trainers.validation`.
 """
 from outer_trainers.estimators.full_es import FullES
 from outer_trainers.estimators.full_grad import FullGrad

@@ -53,7 +53,14 @@ def tree_stack_pm(theta: Any, eps: Any) -> Any:
 
 
 def pair_valid(mask: jax.Array) -> jax.Array:
-    """Whether both halves of each pair count: mask [..., 2N] (+ half first) -> bool [..., N]."""
+    """Whether both halves of each pair count: m⁺ ∧ m⁻.
+
+    Args:
+        mask: bool [..., 2N], which losses count (+ halves first on the last axis).
+
+    Returns:
+        bool [..., N].
+    """
     n = mask.shape[-1] // 2
     return mask[..., :n] & mask[..., n:]
 
@@ -85,6 +92,13 @@ def counted_steps(mask: jax.Array) -> jax.Array:
 
 
 def pair_is_done(is_done: jax.Array) -> jax.Array:
-    """Whether either half of each pair ended its episode: is_done [..., 2N] -> [..., N]."""
+    """Whether either half of each pair ended its episode: d⁺ ∨ d⁻.
+
+    Args:
+        is_done: bool [..., 2N], whether each particle's episode ended (+ halves first on the last axis).
+
+    Returns:
+        bool [..., N].
+    """
     n = is_done.shape[-1] // 2
     return is_done[..., :n] | is_done[..., n:]

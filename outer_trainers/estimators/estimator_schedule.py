@@ -40,11 +40,25 @@ class EstimatorSchedule:
         self._cache: dict[int, list] = {}
 
     def period(self, outer_step: int) -> int:
-        """The period outer step `outer_step` (0-based) belongs to: outer_step // every."""
+        """The period an outer step belongs to: outer_step // every.
+
+        Args:
+            outer_step: the outer step, 0-based.
+
+        Returns:
+            The period k, 0-based.
+        """
         return int(outer_step) // self.every
 
     def resamples_at(self, outer_step: int) -> bool:
-        """True when outer step `outer_step` starts a new period after the first (and so needs new estimators)."""
+        """Whether an outer step starts a new period after the first (and so needs new estimators).
+
+        Args:
+            outer_step: the outer step, 0-based.
+
+        Returns:
+            True at the multiples of `every` after 0.
+        """
         return outer_step > 0 and outer_step % self.every == 0
 
     def __call__(self, outer_step: int) -> list:
@@ -59,8 +73,15 @@ class EstimatorSchedule:
         return self._cache[k]
 
     def estimators_of_state(self, steps_taken: int) -> list:
-        """The estimators whose states a run holds after `steps_taken` outer steps: those of the last
-        step taken (step `steps_taken - 1`), or of step 0 for a run that has not started."""
+        """The estimators whose states a run holds after `steps_taken` outer steps.
+
+        Args:
+            steps_taken: outer steps the run has taken.
+
+        Returns:
+            The estimators of the last step taken (step `steps_taken - 1`), or of step 0 for a run
+            that has not started.
+        """
         return self(max(int(steps_taken) - 1, 0))
 
     def __repr__(self) -> str:

@@ -68,7 +68,14 @@ class EpisodeLoss:
 
     @classmethod
     def zeros(cls, shape: tuple) -> EpisodeLoss:
-        """Fresh episodes of particles of batch shape `shape` (() for one)."""
+        """Fresh episodes: active, nothing summed or counted yet.
+
+        Args:
+            shape: the particles' batch shape (() for one).
+
+        Returns:
+            The EpisodeLoss, leaves of batch shape `shape`.
+        """
         zeros, int_zeros = jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.int32)
         return cls(jnp.ones(shape, bool), zeros, zeros, zeros, int_zeros, int_zeros)
 
@@ -91,5 +98,12 @@ class EpisodeLoss:
                            jnp.where(use, out.loss, self.last), self.nonfinite + (act & ~out.mask), self.steps + act)
 
     def meta_loss(self, loss_type: str) -> jax.Array:
-        """L of the module docstring for `loss_type` "avg" or "last", float32 of batch shape."""
+        """The episode's meta-loss L (see the module docstring).
+
+        Args:
+            loss_type: "avg" (the mean of the counted steps' losses) or "last" (the last counted loss).
+
+        Returns:
+            float32 of batch shape.
+        """
         return self.loss_sum / jnp.maximum(self.count, 1.0) if loss_type == "avg" else self.last
