@@ -4,14 +4,14 @@ import optax
 import lopt
 import outer_trainers as ot
 import tasks
+from tests.fixtures import lopt_step
 
 
 def quadratic_run(dim: int = 4, num_estimators: int = 2, lr: float = 0.05, std: float = 0.05, trunc_length: int = 5,
                   num_tasks: int = 4, episode: int = 20):
     """(GradientLearner, [TruncatedPES, ...]) on QuadraticFamily(dim) with LearnableAdam: a tiny, fast run."""
-    family = tasks.QuadraticFamily(dim=dim)
     lo = lopt.LearnableAdam(1e-2)
-    step = ot.LOptTruncatedStep(family, lo, ot.ConstantTruncationSchedule(episode))
+    step = lopt_step(dim, lo, episode)
     ests = [ot.TruncatedPES(step, num_tasks, trunc_length, std=std, random_initial_iteration_offset=episode // 2)
             for _ in range(num_estimators)]
     return ot.GradientLearner(lo, optax.adam(lr)), ests

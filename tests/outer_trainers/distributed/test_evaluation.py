@@ -1,6 +1,5 @@
 """The evaluation actor: eval/... metrics in metrics.jsonl, computed with the right theta, and best checkpoints."""
 import functools
-import json
 
 import jax
 import numpy as np
@@ -10,6 +9,7 @@ from outer_trainers.runs.checkpoint_files import read
 from outer_trainers.runs.checkpoint_manager import CheckpointManager
 from outer_trainers.distributed import ray_outer_train
 from outer_trainers.distributed.learner_state import init_learner_state
+from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import quadratic_evaluator, quadratic_run
 
 TIMEOUT = 300
@@ -25,7 +25,7 @@ def test_eval_actor_logs_metrics_and_feeds_best_checkpoints(ray_local, tmp_path)
                             callback=lambda step, st, m: thetas.__setitem__(step, st.theta),
                             stall_timeout_s=TIMEOUT)
     assert state.step == 6
-    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     assert [l["step"] for l in lines] == list(range(1, 7))
     evals = [l for l in lines if "eval/final_loss" in l]
     assert evals, "no evaluation was logged"

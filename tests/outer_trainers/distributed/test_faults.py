@@ -1,6 +1,5 @@
 """Faults: a worker process killed with SIGKILL, a node removed from a 2-node cluster."""
 import functools
-import json
 import os
 import signal
 import time
@@ -12,13 +11,10 @@ from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from outer_trainers.distributed import ray_outer_train
+from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import quadratic_run
 
 TIMEOUT = 300
-
-
-def _lines(path):
-    return [json.loads(l) for l in open(path / "metrics.jsonl")]
 
 
 def _when(ask):
@@ -54,7 +50,7 @@ def test_sigkill_a_worker_mid_run(ray_local, tmp_path):
                             stall_timeout_s=TIMEOUT)
     assert len(killed) == 2 and killed[0] != killed[1] and state.step == 7
     assert all(np.isfinite(np.asarray(v)).all() for v in state.theta.values())
-    lines = _lines(tmp_path)
+    lines = metrics_lines(tmp_path)
     assert [l["step"] for l in lines] == list(range(1, 8))
     last = lines[-1]
     assert last["worker_restarts_total"] == 1 and last["lost_estimates_total"] == 1
@@ -94,7 +90,7 @@ def test_remove_a_node_mid_run(tmp_path):
                                 callback=remove_at_2, stall_timeout_s=TIMEOUT)
         assert placed["node"] == doomed.node_id  # the worker did run on the node that was removed
         assert state.step == 6
-        last = _lines(tmp_path)[-1]
+        last = metrics_lines(tmp_path)[-1]
         assert last["worker_restarts_total"] >= 1 and last["lost_estimates_total"] >= 1
         assert placed["after"] != doomed.node_id and last["workers_ready"] == 2  # restarted on the head node
         assert "meta_loss/TruncatedPES/quadratic_dim4_1" in last

@@ -1,6 +1,5 @@
 """ray_outer_train: synchronous mode equals outer_train; asynchronous mode; resume; no recompiles."""
 import functools
-import json
 import os
 import types
 
@@ -17,6 +16,7 @@ from outer_trainers.distributed.worker import EstimatorWorker
 from outer_trainers.distributed.worker_pool import Event
 from outer_trainers.runs.reporting import Reporter
 from outer_trainers.runs.run_checkpoints import RunCheckpoints
+from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import fails_on_workers, quadratic_run
 
 TIMEOUT = 300  # generous: other engineers' tests share the 2 cores
@@ -47,7 +47,7 @@ def test_sync_mode_equals_local_outer_train(ray_local, tmp_path):
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=1e-5, atol=1e-6)
     assert max(abs(a[k] - init[k]) for k in a) > 1e-3  # theta moved, so the comparison means something
-    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     assert [l["step"] for l in lines] == [1, 2, 3, 4]
     np.testing.assert_allclose([l["meta_loss"] for l in lines], local_losses, rtol=1e-5)
     assert all(l["staleness/max"] == 0 and l["lost_estimates_total"] == 0 for l in lines)
@@ -62,7 +62,7 @@ def test_async_two_workers_reports_staleness(ray_local, tmp_path):
                             progress=False, output_dir=str(tmp_path), stall_timeout_s=TIMEOUT)
     assert state.step == 6
     assert all(np.isfinite(v) for v in _theta(state).values())
-    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     assert [l["step"] for l in lines] == list(range(1, 7))
     last = lines[-1]
     counts = [last[f"staleness/count_{s}"] for s in range(3)]
@@ -165,7 +165,7 @@ def test_resume_after_a_killed_learner(ray_local, tmp_path):
     adam_count = [x for x in jax.tree_util.tree_leaves(state.learner_state.opt_state) if np.ndim(x) == 0
                   and np.issubdtype(np.asarray(x).dtype, np.integer)]
     assert adam_count and int(adam_count[0]) == 5  # the outer optimizer's state was restored, not re-initialised
-    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     assert [l["step"] for l in lines] == [1, 2, 3, 4, 5]
     from outer_trainers.runs.checkpoint_manager import CheckpointManager
     assert max(s for s, _ in CheckpointManager(str(tmp_path / "checkpoints")).list("rolling")) == 5
@@ -173,7 +173,7 @@ def test_resume_after_a_killed_learner(ray_local, tmp_path):
     with pytest.raises(ValueError):
         ray_outer_train(functools.partial(quadratic_run, num_estimators=3), 6, num_workers=2, progress=False,
                         output_dir=str(tmp_path), checkpoint_policy=policy, stall_timeout_s=TIMEOUT)
-    assert [json.loads(l)["step"] for l in open(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    assert [line["step"] for line in metrics_lines(tmp_path)] == [1, 2, 3, 4, 5]
 
 
 def test_a_worker_that_cannot_build_the_run_fails_clearly(ray_local, tmp_path):

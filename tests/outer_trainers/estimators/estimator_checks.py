@@ -19,16 +19,17 @@ import outer_trainers as ot
 from outer_trainers.runs import checkpoint_files
 from tasks.base import Task, TaskFamily, single_task_family
 from tasks.quadratics import QuadraticTask
+from tests.fixtures import lopt_step
 
 EPISODE = 7
 TRUNC = 3
 NUM_TRUNCS = 7  # 21 steps: resets after steps 7, 14, 21 = positions 1, 2, 3 of a truncation
 
 
-def quadratic_step(episode: int = EPISODE) -> ot.LOptTruncatedStep:
+def quadratic_step(episode=EPISODE) -> ot.LOptTruncatedStep:
+    """LearnableSGDM(0.1, 0.5) on the fixed 2-D quadratic; `episode`: T or a TruncationSchedule."""
     task = QuadraticTask(jnp.array([0.5, 2.0]), jnp.array([1.0, -1.0]), init_scale=0.0)
-    return ot.LOptTruncatedStep(single_task_family(task), lopt.LearnableSGDM(0.1, 0.5),
-                                ot.ConstantTruncationSchedule(episode))
+    return lopt_step(single_task_family(task), lopt.LearnableSGDM(0.1, 0.5), episode)
 
 
 def theta0() -> dict:
@@ -131,8 +132,8 @@ class _NaNQuadratic(Task):
 
 
 def nan_step(episode: int = 6, p_bad: float = 0.3) -> ot.LOptTruncatedStep:
-    return ot.LOptTruncatedStep(NaNQuadraticFamily(p_bad), lopt.LearnableSGDM(0.1, 0.5),
-                                ot.ConstantTruncationSchedule(episode))
+    """LearnableSGDM(0.1, 0.5) on `NaNQuadraticFamily(p_bad)` in episodes of `episode` steps."""
+    return lopt_step(NaNQuadraticFamily(p_bad), lopt.LearnableSGDM(0.1, 0.5), episode)
 
 
 def assert_nonfinite_handled(est, theta, num_estimates: int = 3) -> None:

@@ -8,6 +8,7 @@ import pytest
 import lopt
 import outer_trainers as ot
 from tasks.quadratics import QuadraticFamily
+from tests.fixtures import lopt_step
 
 
 def test_learner_combines_estimates_with_weights():
@@ -26,8 +27,8 @@ def test_learner_combines_estimates_with_weights():
 def test_outer_train_with_pes_on_two_task_families():
     learned = lopt.LearnableSGDM(0.05, 0.5)
     sched = ot.ConstantTruncationSchedule(6)
-    ests = [ot.TruncatedPES(ot.LOptTruncatedStep(QuadraticFamily(2), learned, sched), 4, 3),
-            ot.NoiseReuseES(ot.LOptTruncatedStep(QuadraticFamily(3, noise_std=0.1), learned, sched), 4, 3)]
+    ests = [ot.TruncatedPES(lopt_step(QuadraticFamily(2), learned, sched), 4, 3),
+            ot.NoiseReuseES(lopt_step(QuadraticFamily(3, noise_std=0.1), learned, sched), 4, 3)]
     seen = []
     state = ot.outer_train(ot.GradientLearner(learned, optax.adam(1e-2)), ests, 3, weights=[1.0, 2.0],
                            progress=False, callback=lambda i, s, m: seen.append(m))

@@ -7,12 +7,12 @@ import lopt
 import outer_trainers as ot
 import tasks
 from tasks.families import sample_family_for_period
+from tests.fixtures import lopt_step
 
 
 def _make(period):
     """Period k trains quadratics of dimension 2 + k: a static change that needs new estimators."""
-    step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=2 + period), lopt.LearnableSGD(0.05),
-                                ot.ConstantTruncationSchedule(6))
+    step = lopt_step(2 + period, lopt.LearnableSGD(0.05), 6)
     return [ot.TruncatedPES(step, num_tasks=2, trunc_length=3, std=0.05)]
 
 
@@ -66,6 +66,5 @@ def test_sampled_families_feed_an_estimator_schedule():
     """tasks.families.sample_family_for_period (host-sampled static configs) plugs into EstimatorSchedule."""
     sampler = lambda rng: tasks.QuadraticFamily(dim=int(rng.integers(2, 5)))
     sched = ot.EstimatorSchedule(1, lambda k: [ot.TruncatedES(
-        ot.LOptTruncatedStep(sample_family_for_period(0, k, sampler), lopt.LearnableSGD(0.05),
-                             ot.ConstantTruncationSchedule(4)), 2, 2, std=0.05)])
+        lopt_step(sample_family_for_period(0, k, sampler), lopt.LearnableSGD(0.05), 4), 2, 2, std=0.05)])
     assert sched(3)[0].truncated_step.task_family.name == sample_family_for_period(0, 3, sampler).name

@@ -39,7 +39,7 @@ def test_stops_when_every_episode_has_ended(problem):
 
 def test_unroll_length_defaults_to_the_longest_episode():
     sched = ot.LogUniformTruncationSchedule(3, 11)
-    ts = ot.LOptTruncatedStep(C.quadratic_step().task_family, C.quadratic_step().learned_opt, sched)
+    ts = C.quadratic_step(sched)
     assert ot.FullES(ts, 2).unroll_length == ts.max_episode_length == 11
     never = InfluenceBalancing()  # one episode that never ends: max_episode_length is None
     with pytest.raises(ValueError, match="max_episode_length is None.*pass unroll_length="):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import outer_trainers as ot
+from tests.fixtures import lopt_step
 from tests.outer_trainers.estimators import estimator_checks as C
 
 
@@ -79,8 +80,7 @@ def test_divisibility_error_on_four_devices(four_devices):
 def _noisy_step():
     import lopt
     from tasks.quadratics import QuadraticFamily
-    return ot.LOptTruncatedStep(QuadraticFamily(2, noise_std=0.5), lopt.LearnableSGDM(0.1, 0.5),
-                                ot.ConstantTruncationSchedule(5))
+    return lopt_step(QuadraticFamily(2, noise_std=0.5), lopt.LearnableSGDM(0.1, 0.5), 5)
 
 
 @pytest.mark.multidevice

@@ -9,13 +9,13 @@ import lopt
 import outer_trainers as ot
 from outer_trainers.estimators.truncated_grad import mean_finite_grads
 from tasks.quadratics import QuadraticFamily
+from tests.fixtures import lopt_step
 from tests.outer_trainers.estimators import estimator_checks as C
 
 
 @pytest.fixture(scope="module")
 def random_family_step():
-    return ot.LOptTruncatedStep(QuadraticFamily(3, noise_std=0.5), lopt.LearnableSGDM(0.1, 0.5),
-                                ot.ConstantTruncationSchedule(9))
+    return lopt_step(QuadraticFamily(3, noise_std=0.5), lopt.LearnableSGDM(0.1, 0.5), 9)
 
 
 @pytest.mark.slow

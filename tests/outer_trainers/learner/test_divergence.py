@@ -2,7 +2,6 @@
 applies nothing (theta and the outer optimizer's state stay bit for bit), is reported (warning,
 metrics.jsonl), and `max_consecutive_dropped` such steps in a row stop the run with
 MetaTrainingDiverged, also across a resume."""
-import json
 import os
 
 import chex
@@ -13,8 +12,8 @@ import pytest
 
 import lopt
 import outer_trainers as ot
-import tasks
 from outer_trainers.runs.reporting import MetaTrainingDiverged
+from tests.fixtures import lopt_step, metrics_lines
 from tests.outer_trainers.estimators import estimator_checks as C
 
 LABEL = "TruncatedPES/nan_quadratic"
@@ -24,18 +23,14 @@ LEARNED = lopt.LearnableSGDM(0.1, 0.5)
 @pytest.fixture(scope="module")
 def nan_pes():
     """PES on a family whose every task has a NaN loss: every inner step is masked out."""
-    step = ot.LOptTruncatedStep(C.NaNQuadraticFamily(p_bad=1.0), LEARNED, ot.ConstantTruncationSchedule(6))
+    step = lopt_step(C.NaNQuadraticFamily(p_bad=1.0), LEARNED, 6)
     return ot.TruncatedPES(step, num_tasks=2, trunc_length=3, std=0.01)
 
 
 @pytest.fixture(scope="module")
 def good_pes():
-    step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=2), LEARNED, ot.ConstantTruncationSchedule(6))
+    step = lopt_step(2, LEARNED, 6)
     return ot.TruncatedPES(step, num_tasks=2, trunc_length=3, std=0.01)
-
-
-def _lines(output_dir):
-    return [json.loads(line) for line in open(os.path.join(output_dir, "metrics.jsonl"))]
 
 
 def test_all_nan_estimates_are_dropped_and_theta_and_adam_state_stay(nan_pes, tmp_path):
@@ -50,7 +45,7 @@ def test_all_nan_estimates_are_dropped_and_theta_and_adam_state_stay(nan_pes, tm
     chex.assert_trees_all_equal(out.learner_state.theta, moved.theta)
     chex.assert_trees_all_equal(out.learner_state.opt_state, moved.opt_state)
     assert int(out.learner_state.step) == 1 and out.step == 3
-    lines = _lines(tmp_path)
+    lines = metrics_lines(tmp_path)
     assert [line["num_dropped"] for line in lines] == [1, 1, 1]
     assert [line["num_dropped_total"] for line in lines] == [1, 2, 3]
     assert all(line[f"dropped/{LABEL}"] == 1 and line[f"nonfinite_frac/{LABEL}"] == 1.0 and
@@ -80,7 +75,7 @@ def test_consecutive_dropped_steps_stop_the_run_and_the_count_survives_a_resume(
                                                    rf"non-finite\).*max_consecutive_dropped=None") as info:
         run(10)  # resumes at step 2 with the count of 2: the first new step is the third in a row
     assert (info.value.step, info.value.since) == (3, 1) and info.value.estimators == {LABEL: 1.0}
-    assert [line["step"] for line in _lines(out)] == [1, 2, 3]  # the last step was reported before the error
+    assert [line["step"] for line in metrics_lines(out)] == [1, 2, 3]  # the last step was reported before the error
     written = {step for step, _ in ot.CheckpointManager(os.path.join(out, "checkpoints")).all()}
     assert written == {1, 2}  # what was written stays; the step that stopped the run is not saved
 

@@ -1,5 +1,3 @@
-import json
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,13 +7,13 @@ import pytest
 import lopt
 import outer_trainers as ot
 import tasks
+from tests.fixtures import lopt_step, metrics_lines
 
 
 @pytest.fixture(scope="module")
 def quad_setup():
-    family = tasks.QuadraticFamily(dim=8)
     lo = lopt.LearnableSGD(1e-3)
-    step = ot.LOptTruncatedStep(family, lo, ot.ConstantTruncationSchedule(40))
+    step = lopt_step(8, lo, 40)
     est = ot.TruncatedPES(step, num_tasks=8, trunc_length=10, std=0.05, random_initial_iteration_offset=30)
     return lo, est
 
@@ -24,7 +22,7 @@ def test_outer_train_lowers_meta_loss(quad_setup, tmp_path):
     lo, est = quad_setup
     learner = ot.GradientLearner(lo, optax.adam(0.1))
     state = ot.outer_train(learner, [est], num_steps=30, output_dir=str(tmp_path), progress=False)
-    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     assert len(lines) == 30 and lines[-1]["step"] == 30
     for k in ("meta_loss", "grad_norm", "theta_norm", "inner_steps_per_s", "num_dropped"):
         assert k in lines[0]
@@ -86,7 +84,7 @@ from outer_trainers.runs.summaries import read_event_scalars  # noqa: E402
 def tiny():
     family = tasks.QuadraticFamily(dim=4)
     lo = lopt.LearnableSGD(1e-2)
-    step = ot.LOptTruncatedStep(family, lo, ot.ConstantTruncationSchedule(12))
+    step = lopt_step(family, lo, 12)
     est = ot.TruncatedPES(step, num_tasks=2, trunc_length=4, std=0.05)
     evaluator = ot.MetaEvaluator(lo, [family], num_tasks=2, num_steps=10, seed=7)
     return lo, est, evaluator
@@ -97,7 +95,7 @@ def test_tensorboard_and_jsonl_carry_the_same_scalars(tiny, tmp_path, capsys):
     learner = ot.GradientLearner(lo, optax.adam(0.05))
     ot.outer_train(learner, [est], 4, output_dir=str(tmp_path), progress="log", meta_evaluator=evaluator,
                    eval_every=2)
-    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     tb = read_event_scalars(str(tmp_path / "tb"))
     expected = {"meta_loss", "grad_norm", "theta_norm", "inner_steps_per_s", "num_dropped", "num_dropped_total",
                 "meta_loss/TruncatedPES/quadratic_dim4", "eval/quadratic_dim4/final_loss",
@@ -147,7 +145,7 @@ def test_nonfinite_estimates_are_dropped_counted_and_logged(tiny, tmp_path):
         state = ot.outer_train(learner, [NaNOnOddSteps(est)], 6, output_dir=str(tmp_path), progress=False)
     assert state.step == 6 and int(state.learner_state.step) == 3  # only the finite updates applied
     assert np.isfinite(float(state.theta["log_lr"]))
-    lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     assert [l["num_dropped"] for l in lines] == [0, 1, 0, 1, 0, 1]
     assert [l["num_dropped_total"] for l in lines] == [0, 1, 1, 2, 2, 3]
     assert np.isfinite(lopt.load_theta(str(tmp_path / "theta_final.msgpack"))["log_lr"])
