@@ -63,9 +63,10 @@ class FactoredLeaf:
     Args:
       item: the parameter (its state from `factored_state`).
       dtype: the compute dtype.
+      ws: the rule's scratch buffers.
     """
 
-    def __init__(self, item: Item, dtype: torch.dtype):
+    def __init__(self, item: Item, dtype: torch.dtype, ws: common.Workspace):
         st = item.state
         self.shape = tuple(item.param.shape)
         self.matrix = len(self.shape) >= 2
@@ -77,7 +78,7 @@ class FactoredLeaf:
         self.v = st["rms"].view(vec)
         self.row = st["fac_row"] if self.matrix else st["fac_row"].view((-1,) + vec)
         self.col = st["fac_col"]
-        self.axes, self.chunk = item.axes, item.chunk
+        self.axes, self.chunk, self.ws = item.axes, item.chunk, ws
         self.rr = self.cr = None
 
     @property
@@ -125,14 +126,13 @@ class FactoredLeaf:
         rr, cr = sl(self.rr), sl(self.cr)
         fac = rr * cr if self.matrix else rr
         km, kf = self.n_mom, self.n_fac
-        x = torch.empty((self.num_features,) + tuple(g.shape), dtype=g.dtype, device=g.device)
-        rsqrt_v = torch.rsqrt(v + common.EPS)
+        x = self.ws.get("features", (self.num_features,) + tuple(g.shape), g.dtype, g.device)
+        rsqrt_v = torch.add(v, common.EPS, out=x[3 + 2 * km]).rsqrt_()
         x[0].copy_(g)
         x[1].copy_(p)
         x[2:2 + km].copy_(m)
         torch.sqrt(v, out=x[2 + km])
         torch.mul(m, rsqrt_v, out=x[3 + km:3 + 2 * km])
-        x[3 + 2 * km].copy_(rsqrt_v)
         at = 4 + 2 * km
         torch.mul(g, fac, out=x[at:at + kf])
         x[at + kf:at + 2 * kf].copy_(rr.expand((kf,) + tuple(g.shape)))
@@ -147,14 +147,17 @@ class FactoredLeaf:
         sums = torch.zeros((self.num_features,), dtype=self.g.dtype, device=self.g.device)
         for s, e in self.blocks():
             x = self.features(s, e)
-            sums += torch.sum(x * x, dim=1)
+            sums += torch.sum(torch.mul(x, x, out=self.ws.get("squares", x.shape, x.dtype, x.device)), dim=1)
         return sums / self.n
 
-    def mlp_map(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], fn) -> torch.Tensor:
-        """fn(MLP output [2, c]) -> [c] over the blocks, assembled in the parameter's shape."""
-        result = torch.empty(self.g.shape, dtype=self.g.dtype, device=self.g.device)
+    def scaled_exp_step(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], exp_mult: float, mult) -> torch.Tensor:
+        """d · exp(m · exp_mult) · mult of the MLP's outputs (d, m) over the blocks, in the parameter's
+        shape (the workspace buffer "update", valid until the next tensor's)."""
+        result = self.ws.get("update", self.g.shape, self.g.dtype, self.g.device)
         for s, e in self.blocks():
-            result[s:e] = fn(common.mlp_columns(self.features(s, e), layers)).view(result[s:e].shape)
+            o = common.mlp_columns(self.features(s, e), layers, self.ws)
+            t = torch.mul(o[1], exp_mult, out=self.ws.get("exp", o[1].shape, o.dtype, o.device)).exp_()
+            torch.mul(o[0], t, out=result[s:e].view(-1)).mul_(mult)
         return result.view(self.shape)
 
 
@@ -177,14 +180,11 @@ class AdafacMLPLOptRule(Rule):
         bias = first_bias(th["input"], ctx, items, lo.timescales)
         rest = common.as_columns([(th[f"hidden_{i}"]["w"], th[f"hidden_{i}"]["b"]) for i in range(1, lo.hidden_layers)]
                                  + [(th["output"]["w"], th["output"]["b"])])
-        out = []
         for i, it in enumerate(items):
             if it.param.numel() == 0:
-                out.append(torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device))
+                yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
-            leaf = FactoredLeaf(it, ctx.dtype)
+            leaf = FactoredLeaf(it, ctx.dtype, self.ws)
             leaf.accumulate(dec)
             w1t = (th["input"]["w"] * torch.rsqrt(leaf.mean_squares() + common.EPS)[:, None]).t().contiguous()
-            step = leaf.mlp_map([(w1t, bias[i])] + rest, lambda o: o[0] * torch.exp(o[1] * lo.exp_mult) * lo.step_mult)
-            out.append(torch.neg(step))
-        return out
+            yield leaf.scaled_exp_step([(w1t, bias[i])] + rest, lo.exp_mult, lo.step_mult).neg_()

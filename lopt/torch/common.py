@@ -13,6 +13,8 @@ its leaves:
 - `chunks`, `chunk_rows`  the blocks a rule walks a big tensor in, so that its [F, c] features and
                          [H, c] activations stay small (no [n, F] array exists)
 - `pow_f32`              β^t as the JAX float32 pow computes it (to within an ulp)
+- `Workspace`            scratch tensors reused across blocks and steps, so that walking a tensor
+                         allocates nothing per block
 
 Everything here is device-agnostic: tensors are created on the inputs' device and dtype.
 """
@@ -26,7 +28,7 @@ import torch
 from lopt.features import EPS, NUM_PROGRESS
 
 __all__ = ["EPS", "step_embedding", "progress_features", "loss_features", "lstm_step", "mlp_columns",
-           "log_stat", "size_feature", "chunks", "chunk_rows", "pow_f32", "as_columns"]
+           "log_stat", "size_feature", "chunks", "chunk_rows", "pow_f32", "as_columns", "Workspace"]
 
 
 def step_embedding(steps: torch.Tensor, timescales: Sequence[float]) -> torch.Tensor:
@@ -103,12 +105,15 @@ def lstm_step(params: dict, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -
     return torch.sigmoid(o) * torch.tanh(c), c
 
 
-def mlp_columns(x: torch.Tensor, layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def mlp_columns(x: torch.Tensor, layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                ws: Optional["Workspace"] = None) -> torch.Tensor:
     """A ReLU MLP on column-major features: h ← relu(Wᵀ h + b) per layer, no ReLU after the last.
 
     Args:
       x: [F, c], one column per parameter.
       layers: [(Wᵀ [out, in], b [out]), ...], the first layer's `in` F.
+      ws: where the activations are written (None: fresh tensors); the result is then a
+        workspace buffer, valid until the next call.
 
     Returns:
       [out, c] of the last layer.
@@ -116,7 +121,10 @@ def mlp_columns(x: torch.Tensor, layers: Sequence[tuple[torch.Tensor, torch.Tens
     h = x
     last = len(layers) - 1
     for i, (wt, b) in enumerate(layers):
-        h = torch.addmm(b[:, None], wt, h)
+        if ws is None:
+            h = torch.addmm(b[:, None], wt, h)
+        else:
+            h = torch.addmm(b[:, None], wt, h, out=ws.get(f"mlp{i % 2}", (wt.shape[0], h.shape[1]), h.dtype, h.device))
         if i < last:
             h = torch.relu_(h)
     return h
@@ -168,3 +176,25 @@ def pow_f32(base: float, exponent: torch.Tensor, dtype: torch.dtype) -> torch.Te
         return torch.pow(torch.tensor(base, dtype=torch.float64, device=exponent.device), exponent.double())
     b = torch.tensor(base, dtype=torch.float32, device=exponent.device).double()
     return torch.pow(b, exponent.double()).to(dtype)
+
+
+class Workspace:
+    """Scratch tensors reused across blocks, tensors and steps, one per name, device and dtype.
+
+    `get` returns a view of a cached flat buffer (grown when a bigger one is asked for), so that a
+    rule walking a big tensor block by block writes its features and activations into the same
+    memory every time instead of allocating (and, for big tensors, page-faulting in) fresh tensors.
+    A buffer is valid until the next `get` of the same name.
+    """
+
+    def __init__(self):
+        self._buffers: dict = {}
+
+    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A [*shape] tensor of `dtype` on `device` (uninitialised) backed by the buffer `name`."""
+        n = math.prod(shape)
+        key = (name, str(device), dtype)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < n:
+            buf = self._buffers[key] = torch.empty((n,), dtype=dtype, device=device)
+        return buf[:n].view(tuple(shape))

@@ -46,7 +46,7 @@ class HyperLOptRule(Rule):
                 leaves.append(None)
                 stats.append(torch.ones((lo.num_features,), dtype=ctx.dtype, device=ctx.device))
                 continue
-            leaf = FactoredLeaf(it, ctx.dtype)
+            leaf = FactoredLeaf(it, ctx.dtype, self.ws)
             leaf.accumulate(dec)
             stats.append(leaf.mean_squares())
             leaves.append(leaf)
@@ -55,17 +55,14 @@ class HyperLOptRule(Rule):
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         weights = th["w_base"] + (h @ th["generator"]) * lo.gen_scale
         lr_mult = torch.exp(h @ th["w_lr"])
-        out = []
         for i, (it, leaf) in enumerate(zip(items, leaves)):
             if leaf is None:
-                out.append(torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device))
+                yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
             layers, at = [], 0
             for a, b in lo._layer_shapes():
                 layers.append((weights[i, at:at + a * b].reshape(a, b), weights[i, at + a * b:at + a * b + b]))
                 at += a * b + b
             layers[0] = (layers[0][0] * torch.rsqrt(stats[i] + common.EPS)[:, None], layers[0][1])
-            mult = lo.step_mult * lr_mult[i]
-            step = leaf.mlp_map(common.as_columns(layers), lambda o: o[0] * torch.exp(o[1] * lo.exp_mult) * mult)
-            out.append(torch.neg(step))
-        return out
+            step = leaf.scaled_exp_step(common.as_columns(layers), lo.exp_mult, lo.step_mult * lr_mult[i])
+            yield step.neg_()

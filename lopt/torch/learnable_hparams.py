@@ -48,12 +48,10 @@ class LearnableSGDMRule(Rule):
     def updates(self, items, ctx):
         neg_lr = -torch.exp(ctx.theta["log_lr"])
         mom = torch.sigmoid(ctx.theta["logit_momentum"])
-        out = []
         for it in items:
             t = it.state["trace"]
             t.mul_(mom).add_(it.grad.detach().to(ctx.dtype))
-            out.append(t * neg_lr)
-        return out
+            yield t * neg_lr
 
 
 @register("LearnableAdam")
@@ -76,14 +74,12 @@ class LearnableAdamRule(Rule):
         count = ctx.steps + 1.0
         bc1 = 1.0 - _pow(b1, count, ctx.dtype)
         bc2 = 1.0 - _pow(b2, count, ctx.dtype)
-        out = []
         for i, it in enumerate(items):
             g = it.grad.detach().to(ctx.dtype)
             mu, nu = it.state["mu"], it.state["nu"]
             mu.mul_(b1).add_((1.0 - b1) * g)
             nu.mul_(b2).add_((1.0 - b2) * torch.square(g))
-            out.append(neg_lr * ((mu / bc1[i]) / (torch.sqrt(nu / bc2[i]) + eps)))
-        return out
+            yield neg_lr * ((mu / bc1[i]) / (torch.sqrt(nu / bc2[i]) + eps))
 
 
 def _pow(base: torch.Tensor, exponent: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -60,22 +60,23 @@ def fill_features(out: torch.Tensor, g: torch.Tensor, p: torch.Tensor, m: torch.
     out[1].copy_(p)
     out[2:2 + k].copy_(m)
     torch.sqrt(v, out=out[2 + k])
-    rsqrt_v = torch.rsqrt(v + common.EPS)
+    rsqrt_v = torch.add(v, common.EPS, out=out[4 + k]).rsqrt_()
     torch.mul(g, rsqrt_v, out=out[3 + k])
     torch.mul(m[mom_idx], rsqrt_v, out=out[4 + k])
     return out
 
 
 class FlatLeaf:
-    """One tensor's MLPLOpt-style accumulators as flat views, and its blocks.
+    """One tensor's MLPLOpt-style accumulators as flat views, walked in blocks.
 
     Args:
       item: the parameter (its state holds "momenta" [K, *shape] and "second_moment" [*shape]).
       dtype: the compute dtype.
       mom_idx: the index of the momentum closest to 0.9.
+      ws: the rule's scratch buffers.
     """
 
-    def __init__(self, item: Item, dtype: torch.dtype, mom_idx: int):
+    def __init__(self, item: Item, dtype: torch.dtype, mom_idx: int, ws: common.Workspace):
         self.n = item.param.numel()
         self.g = item.grad.detach().reshape(-1).to(dtype)
         self.p = item.param.detach().reshape(-1).to(dtype)
@@ -84,6 +85,7 @@ class FlatLeaf:
         self.v = item.state["second_moment"].view(self.n)
         self.chunk = item.chunk
         self.mom_idx = mom_idx
+        self.ws = ws
 
     @property
     def num_features(self) -> int:
@@ -94,32 +96,44 @@ class FlatLeaf:
         """(start, end) of the tensor's blocks."""
         return common.chunks(self.n, self.chunk)
 
-    def features(self, s: int, e: int, buf: torch.Tensor = None) -> torch.Tensor:
-        """The [F, e − s] features of elements s .. e − 1 (from the current accumulators)."""
-        if buf is None or buf.shape[1] != e - s:
-            buf = torch.empty((self.num_features, e - s), dtype=self.g.dtype, device=self.g.device)
-        return fill_features(buf, self.g[s:e], self.p[s:e], self.m[:, s:e], self.v[s:e], self.mom_idx)
+    def scratch(self, name: str, rows: int, s: int, e: int) -> torch.Tensor:
+        """A [rows, e − s] workspace buffer (valid until the next `scratch` of that name)."""
+        return self.ws.get(name, (rows, e - s), self.g.dtype, self.g.device)
+
+    def features(self, s: int, e: int) -> torch.Tensor:
+        """The [F, e − s] features of elements s .. e − 1 (from the current accumulators), in the workspace."""
+        x = self.scratch("features", self.num_features, s, e)
+        return fill_features(x, self.g[s:e], self.p[s:e], self.m[:, s:e], self.v[s:e], self.mom_idx)
 
     def accumulate_and_sum(self, decays: torch.Tensor, rms_decay: float, want_sums: bool = True) -> torch.Tensor:
         """Updates the accumulators block by block and returns Σ x_f² over the tensor ([F]; zeros
         unless `want_sums`)."""
         sums = torch.zeros((self.num_features,), dtype=self.g.dtype, device=self.g.device)
-        buf = None
+        one_minus = 1.0 - decays
         for s, e in self.blocks():
-            accumulate_(self.g[s:e], self.m[:, s:e], self.v[s:e], decays, rms_decay)
+            g, v = self.g[s:e], self.v[s:e]
+            self.m[:, s:e].mul_(decays[:, None]).addcmul_(one_minus[:, None], g[None, :])
+            g2 = torch.mul(g, g, out=self.scratch("square", 1, s, e)[0])
+            v.mul_(rms_decay).add_(g2.mul_(1.0 - rms_decay))
             if want_sums:
-                buf = self.features(s, e, buf)
-                sums += torch.sum(buf * buf, dim=1)
+                x = self.features(s, e)
+                sums += torch.sum(torch.mul(x, x, out=self.scratch("squares", self.num_features, s, e)), dim=1)
         return sums
 
     def mlp_map(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], fn) -> torch.Tensor:
-        """[n]: fn(MLP output [out, c]) -> [c] over the blocks (`common.mlp_columns`)."""
-        result = torch.empty((self.n,), dtype=self.g.dtype, device=self.g.device)
-        buf = None
+        """[n]: fn(MLP output [out, c], s, e, out=[c]) written block by block (`common.mlp_columns`)
+        into the workspace buffer "update" (valid until the next tensor's)."""
+        result = self.ws.get("update", (self.n,), self.g.dtype, self.g.device)
         for s, e in self.blocks():
-            buf = self.features(s, e, buf)
-            result[s:e] = fn(common.mlp_columns(buf, layers), s, e)
+            fn(common.mlp_columns(self.features(s, e), layers, self.ws), s, e, result[s:e])
         return result
+
+    def scaled_exp_step(self, layers, exp_mult: float, mult) -> torch.Tensor:
+        """[n]: d · exp(m · exp_mult) · mult of the MLP's outputs (d, m), block by block."""
+        def fn(o, s, e, out):
+            t = torch.mul(o[1], exp_mult, out=self.scratch("exp", 1, s, e)[0]).exp_()
+            torch.mul(o[0], t, out=out).mul_(mult)
+        return self.mlp_map(layers, fn)
 
 
 def mlp_state(param: torch.Tensor, num_decays: int, dtype: torch.dtype) -> dict:
@@ -154,15 +168,12 @@ class MLPLOptRule(Rule):
         bias = first_bias(th["input"], ctx, items, lo.timescales)
         later = common.as_columns([(th[f"hidden_{i}"]["w"], th[f"hidden_{i}"]["b"]) for i in range(1, lo.hidden_layers)]
                                   + [(th["output"]["w"], th["output"]["b"])])
-        out = []
         for i, it in enumerate(items):
             if it.param.numel() == 0:
-                out.append(torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device))
+                yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
-            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx)
+            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx, self.ws)
             sums = leaf.accumulate_and_sum(decays, lo.rms_decay)
             w1t = (th["input"]["w"] * torch.rsqrt(sums / leaf.n + common.EPS)[:, None]).t().contiguous()
-            layers = [(w1t, bias[i])] + later
-            step = leaf.mlp_map(layers, lambda o, s, e: o[0] * torch.exp(o[1] * lo.exp_mult) * lo.step_mult)
-            out.append(torch.neg(step).view(it.param.shape))
-        return out
+            step = leaf.scaled_exp_step([(w1t, bias[i])] + later, lo.exp_mult, lo.step_mult)
+            yield step.neg_().view(it.param.shape)

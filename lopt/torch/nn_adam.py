@@ -51,7 +51,6 @@ class NNAdamRule(Rule):
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         hp = base + h @ th["output"]["w"] + th["output"]["b"]
         lr, b1, b2, eps = torch.exp(hp[:, 0]), torch.sigmoid(hp[:, 1]), torch.sigmoid(hp[:, 2]), torch.exp(hp[:, 3])
-        out = []
         for i, (g, it) in enumerate(zip(grads, items)):
             st = it.state
             st["b1_prod"], st["b2_prod"] = st["b1_prod"] * b1[i], st["b2_prod"] * b2[i]
@@ -59,5 +58,4 @@ class NNAdamRule(Rule):
             mu.mul_(b1[i]).add_((1.0 - b1[i]) * g)
             nu.mul_(b2[i]).add_((1.0 - b2[i]) * torch.square(g))
             m_hat, v_hat = mu / (1.0 - st["b1_prod"]), nu / (1.0 - st["b2_prod"])
-            out.append(-lr[i] * m_hat / (torch.sqrt(v_hat) + eps[i]))
-        return out
+            yield -lr[i] * m_hat / (torch.sqrt(v_hat) + eps[i])

@@ -112,42 +112,43 @@ class NormMLPLOptRule(Rule):
         t1 = ctx.steps + 1.0
         bc1 = 1.0 - common.pow_f32(lo.decays[lo._mom_idx], t1, ctx.dtype)
         bc2 = 1.0 - common.pow_f32(lo.rms_decay, t1, ctx.dtype)
-        out = []
         for i, it in enumerate(items):
             shape = tuple(it.param.shape)
             if it.param.numel() == 0:
-                out.append(torch.zeros(shape, dtype=ctx.dtype, device=ctx.device))
+                yield torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)
                 continue
             is_matrix = len(shape) >= 2
             lr = lrs[i, 0] if is_matrix else lrs[i, 1]
             adam_only = not is_matrix and lo.vector_rule == "adam"
-            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx)
+            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx, self.ws)
             sums = leaf.accumulate_and_sum(decays, lo.rms_decay, want_sums=not adam_only)
             m_idx = leaf.m[lo._mom_idx]
 
-            def adam(s, e):
-                return (m_idx[s:e] / bc1[i]) / (torch.sqrt(leaf.v[s:e] / bc2[i]) + 1e-8)
+            def adam(s, e, out):  # m̂ / (√v̂ + 1e-8), written into out
+                torch.div(leaf.v[s:e], bc2[i], out=out).sqrt_().add_(1e-8)
+                return torch.div(torch.div(m_idx[s:e], bc1[i], out=leaf.scratch("m_hat", 1, s, e)[0]), out, out=out)
 
             if adam_only:
-                step = lr * adam(0, leaf.n)
+                u = self.ws.get("update", (leaf.n,), ctx.dtype, ctx.device)
+                for s, e in leaf.blocks():
+                    adam(s, e, u[s:e])
             else:
                 w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + common.EPS)[:, None]).t().contiguous()
-                layers = [(w1t, bias[i])] + rest
 
-                def direction(o, s, e):
-                    r = o[0]
-                    if lo.residual_bound > 0:
-                        r = lo.residual_bound * torch.tanh(r / lo.residual_bound)
-                    return adam(s, e) + r
+                def direction(o, s, e, out):  # a + r (or a + B tanh(r / B))
+                    r, bound = o[0], lo.residual_bound
+                    if bound == 1.0:  # x / 1 and 1 · x are exact: the shipped optimizers' bound
+                        r = r.tanh_()
+                    elif bound > 0:
+                        r = r.div_(bound).tanh_().mul_(bound)
+                    adam(s, e, out).add_(r)
 
-                u = leaf.mlp_map(layers, direction)
+                u = leaf.mlp_map([(w1t, bias[i])] + rest, direction)
                 if lo.orthogonalize and len(shape) == 2 and min(shape) > 1:
                     mat = u.view(shape).permute(it.axes)
                     u = newton_schulz(mat).permute(it.axes).reshape(-1)  # a 2-D permutation is its own inverse
                 if lo.normalize_update:
-                    u = u / (torch.sqrt(torch.mean(torch.square(u))) + 1e-8)
-                u = torch.clamp_(u, -lo.clip_value, lo.clip_value)
-                step = lr * u
-            step = step * it.state["scale"]
-            out.append(torch.neg(step).view(shape))
-        return out
+                    u = u.div_(torch.sqrt(torch.mean(torch.square(u))) + 1e-8)
+                u = u.clamp_(-lo.clip_value, lo.clip_value)
+            u = u.mul_(lr).mul_(it.state["scale"]).neg_()  # −(η · u) · ρ
+            yield u.view(shape)

@@ -68,7 +68,7 @@ class RNNMLPLOptRule(Rule):
                 leaves.append(None)
                 stats.append(torch.zeros((lo.num_features,), dtype=ctx.dtype, device=ctx.device))
                 continue
-            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx)
+            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx, self.ws)
             stats.append(leaf.accumulate_and_sum(decays, lo.rms_decay) / leaf.n)
             leaves.append(leaf)
         stats = torch.stack(stats)
@@ -78,14 +78,11 @@ class RNNMLPLOptRule(Rule):
         lr_mult = torch.exp(h @ th["w_lr"])
         rest = common.as_columns([(th[f"hidden_{i}"]["w"], th[f"hidden_{i}"]["b"]) for i in range(1, lo.mlp_layers)]
                                  + [(th["output"]["w"], th["output"]["b"])])
-        out = []
         for i, (it, leaf) in enumerate(zip(items, leaves)):  # phase 2: the per-parameter MLP
             if leaf is None:
-                out.append(torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device))
+                yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
             w1t = (th["input"]["w"] * torch.rsqrt(stats[i] + common.EPS)[:, None]).t().contiguous()
-            layers = [(w1t, th["input"]["b"] + cond[i])] + rest
-            mult = lo.step_mult * lr_mult[i]
-            step = leaf.mlp_map(layers, lambda o, s, e: o[0] * torch.exp(o[1] * lo.exp_mult) * mult)
-            out.append(torch.neg(step).view(it.param.shape))
-        return out
+            step = leaf.scaled_exp_step([(w1t, th["input"]["b"] + cond[i])] + rest, lo.exp_mult,
+                                        lo.step_mult * lr_mult[i])
+            yield step.neg_().view(it.param.shape)

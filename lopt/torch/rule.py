@@ -5,12 +5,12 @@ state, `state_dict`); a `Rule` holds the math of one architecture:
 
     rule = RULES["MLPLOpt"](learned_opt, theta)       # theta: numpy arrays
     state = rule.init_state(param, axes)              # per parameter, torch tensors
-    updates = rule.updates(items, ctx)                # one update per item, in the parameters' layout
+    for update in rule.updates(items, ctx): ...       # one update per item, in the parameters' layout
 
 An `Item` is one parameter of the step (its gradient, its state dict, its JAX axis order);
 a `Context` is what the items of one device and compute dtype share: their step counts (as
 `TorchLearnedOptimizer` keeps them, per parameter), their horizons, the loss and theta as
-tensors. Rules update the items' state in place (or replace its entries) and return each update
+tensors. Rules update the items' state in place (or replace its entries) and yield each update
 Δp (the optax update, added to the parameter by the optimizer), in the compute dtype.
 
 Architectures register their rule with `register(name)`; `rule_for(learned_opt, theta)` builds it.
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -95,6 +95,7 @@ class Rule:
     def __init__(self, learned_opt: Any, theta: Any):
         self.learned_opt = learned_opt
         self.theta = theta
+        self.ws = common.Workspace()
         self._tensors: dict = {}
 
     def theta_on(self, device: torch.device, dtype: torch.dtype) -> dict:
@@ -127,14 +128,17 @@ class Rule:
         """
         raise NotImplementedError
 
-    def updates(self, items: Sequence[Item], ctx: Context) -> list[torch.Tensor]:
-        """One update step of every item: their states updated, their updates returned.
+    def updates(self, items: Sequence[Item], ctx: Context) -> Iterator[torch.Tensor]:
+        """One update step of every item: their states updated, their updates yielded in order.
+
+        An update may live in the rule's workspace and be overwritten by the next one: add it to
+        its parameter before asking for the next (as `TorchLearnedOptimizer.step` does).
 
         Args:
           items: the parameters of this device and compute dtype.
           ctx: what they share.
 
-        Returns:
+        Yields:
           Δp per item, shaped like its parameter, in the compute dtype.
         """
         raise NotImplementedError
