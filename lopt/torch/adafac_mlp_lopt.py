@@ -150,7 +150,8 @@ class FactoredLeaf:
             sums += torch.sum(torch.mul(x, x, out=self.ws.get("squares", x.shape, x.dtype, x.device)), dim=1)
         return sums / self.n
 
-    def scaled_exp_step(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], exp_mult: float, mult) -> torch.Tensor:
+    def scaled_exp_step(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], exp_mult: float,
+                        mult) -> torch.Tensor:
         """d · exp(m · exp_mult) · mult of the MLP's outputs (d, m) over the blocks, in the parameter's
         shape (the workspace buffer "update", valid until the next tensor's)."""
         result = self.ws.get("update", self.g.shape, self.g.dtype, self.g.device)
