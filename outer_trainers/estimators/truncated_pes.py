@@ -69,6 +69,32 @@ def pes_weights(diff: jax.Array, done: jax.Array) -> tuple[jax.Array, jax.Array,
     return w_eps, w_acc, keep_eps, keep_acc
 
 
+@struct.dataclass
+class PESStats:
+    """What one truncation of PES counts besides its gradient, summed over its steps and pairs.
+
+    A pytree of float32 [] sums, so the shards of a sharded truncation add theirs with one
+    `jax.lax.psum`, as they add their gradient terms. `stats_to_estimate` turns them into the
+    Estimate's loss, counts and metrics.
+
+    Attributes:
+        loss_sum: the meta-losses of the unmasked steps, summed.
+        unmasked_steps: the steps whose meta-loss was not masked out.
+        nonfinite: the steps the truncated step reported non-finite (its "nonfinite" metric).
+        resets: the pairs' episode ends.
+        counted_steps: the steps that entered the estimate (`antithetic.counted_steps`: both
+            halves of a pair unmasked).
+        steps: the steps run (every particle's, both halves).
+    """
+
+    loss_sum: jax.Array
+    unmasked_steps: jax.Array
+    nonfinite: jax.Array
+    resets: jax.Array
+    counted_steps: jax.Array
+    steps: jax.Array
+
+
 def pes_update(out: StepOut, eps, acc, std: float, num_total: int):
     """PES from one truncation of M particle pairs (all N = num_total of them, or one shard).
 
@@ -81,9 +107,8 @@ def pes_update(out: StepOut, eps, acc, std: float, num_total: int):
 
     Returns:
         (grad, acc, stats): these pairs' terms of the estimate, each divided by 2σ²·K·N (so
-        summing over the shards of the N pairs gives ĝ); the new accumulators ξ [M]; and
-        float32 [6] sums [masked loss sum, unmasked steps, nonfinite steps, pair resets, steps that
-        entered the estimate (`antithetic.counted_steps`), steps run].
+        summing over the shards of the N pairs gives ĝ); the new accumulators ξ [M]; and these
+        pairs' `PESStats`.
     """
     K = out.loss.shape[0]
     diff = A.pair_loss_diff(out.loss, out.mask)
@@ -93,25 +118,29 @@ def pes_update(out: StepOut, eps, acc, std: float, num_total: int):
     grad = jax.tree_util.tree_map(jnp.add, tree_weighted_sum(w_eps * c, eps), tree_weighted_sum(w_acc * c, acc))
     bshape = lambda w, x: jnp.reshape(w, w.shape + (1,) * (x.ndim - 1))
     new_acc = jax.tree_util.tree_map(lambda e, a: bshape(keep_eps, e) * e + bshape(keep_acc, a) * a, eps, acc)
-    stats = jnp.stack([jnp.sum(jnp.where(out.mask, out.loss, 0.0)), jnp.sum(out.mask).astype(jnp.float32),
-                       jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0))).astype(jnp.float32),
-                       jnp.sum(done).astype(jnp.float32), A.counted_steps(out.mask).astype(jnp.float32),
-                       jnp.asarray(out.mask.size, jnp.float32)])
+    f32 = lambda x: jnp.asarray(x).astype(jnp.float32)
+    stats = PESStats(loss_sum=f32(jnp.sum(jnp.where(out.mask, out.loss, 0.0))),
+                     unmasked_steps=f32(jnp.sum(out.mask)),
+                     nonfinite=f32(jnp.sum(jnp.asarray(out.metrics.get("nonfinite", 0)))),
+                     resets=f32(jnp.sum(done)),
+                     counted_steps=f32(A.counted_steps(out.mask)),
+                     steps=f32(out.mask.size))
     return grad, new_acc, stats
 
 
-def stats_to_estimate(grad, stats: jax.Array) -> Estimate:
+def stats_to_estimate(grad, stats: PESStats) -> Estimate:
     """The Estimate of `pes_update`'s (summed) grad and stats: loss = masked loss sum / unmasked steps.
 
     Args:
         grad: the θ-shaped estimate.
-        stats: float32 [6], as returned by `pes_update` (summed over shards).
+        stats: the truncation's `PESStats` (summed over shards).
 
     Returns:
         Estimate with `num_valid`, `num_steps` and metrics "nonfinite" and "resets" (int32).
     """
-    metrics = {"nonfinite": stats[2].astype(jnp.int32), "resets": stats[3].astype(jnp.int32)}
-    return counted_estimate(grad, stats[0] / jnp.maximum(stats[1], 1.0), stats[4], stats[5], metrics)
+    metrics = {"nonfinite": stats.nonfinite.astype(jnp.int32), "resets": stats.resets.astype(jnp.int32)}
+    loss = stats.loss_sum / jnp.maximum(stats.unmasked_steps, 1.0)
+    return counted_estimate(grad, loss, stats.counted_steps, stats.steps, metrics)
 
 
 def sharded_truncation(ts, mesh: Mesh, theta, inner, acc, eps, keys, std: float, *, outer_state=None, data=None):
@@ -133,7 +162,8 @@ def sharded_truncation(ts, mesh: Mesh, theta, inner, acc, eps, keys, std: float,
         data: the arrays of `ts.data_args()` or None (replicated).
 
     Returns:
-        (inner [2, N, ...], acc [N, ...], grad, stats) as `pes_update` returns them, summed over devices.
+        (inner [2, N, ...], acc [N, ...], grad, stats) as `pes_update` returns them, grad and
+        stats (`PESStats`) summed over devices.
     """
     n = keys.shape[1]
     m = n // mesh.shape[D.AXIS]
@@ -157,7 +187,15 @@ SHARD_MIN_SIZE = 2048  # elements of one particle's state below which num_device
 
 
 def particle_size(inner_state) -> int:
-    """Elements of one particle's state (leaves with a leading particle axis)."""
+    """Elements of one particle's state.
+
+    Args:
+        inner_state: the particles' states, leaves with a leading particle axis.
+
+    Returns:
+        The elements of one particle's share of the leaves (scalar leaves, carrying no particle
+        axis, are left out).
+    """
     return sum(int(x.size // max(x.shape[0], 1)) for x in jax.tree_util.tree_leaves(inner_state) if x.ndim)
 
 
@@ -194,9 +232,17 @@ class TruncatedPES(AntitheticTruncatedEstimator):
         return 1 if self.mesh is None else self.mesh.shape[D.AXIS]
 
     def shards(self, inner_state) -> bool:
-        """Whether a truncation over `inner_state` (the pairs' states) runs sharded: a pure function
-        of the static shapes, decided at trace time (small particles stay on one device unless
-        `num_devices` was given explicitly)."""
+        """Whether a truncation over `inner_state` runs sharded, decided at trace time from static shapes.
+
+        Small particles (under `SHARD_MIN_SIZE` elements) stay on one device unless `num_devices`
+        was given explicitly.
+
+        Args:
+            inner_state: the pairs' states, leaves [2N, ...].
+
+        Returns:
+            True when the truncation runs on the mesh (`sharded_truncation`).
+        """
         if self.mesh is None:
             return False
         return not (self._auto_devices and particle_size(inner_state) < SHARD_MIN_SIZE)

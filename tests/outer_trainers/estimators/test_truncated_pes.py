@@ -1,10 +1,13 @@
 """TruncatedPES: random_initial_iteration_offset staggers the pairs' episodes and the estimate stays
-unbiased (the rest: test_estimator_contract, and PES on influence balancing: test_influence_balancing)."""
+unbiased; a truncation's counts are named sums (the rest: test_estimator_contract, and PES on
+influence balancing: test_influence_balancing)."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import outer_trainers as ot
+from outer_trainers.estimators.truncated_pes import PESStats, stats_to_estimate
 from tests.outer_trainers.estimators import estimator_checks as C
 
 EPISODE, TRUNC, PAIRS = 12, 2, 64
@@ -52,3 +55,15 @@ def test_staggered_estimate_is_unbiased(staggered):
     C.assert_unbiased(samples, ref)
     unstaggered = C.truncation_references(C.episode_jacobian(ts, theta, EPISODE), TRUNC, EPISODE // TRUNC)
     assert np.abs(C.z_scores(samples, unstaggered)).max() > 10  # the check tells staggered from not
+
+
+def test_stats_are_named_sums_that_add_up_and_give_the_estimate():
+    """Shards add their PESStats field by field (as psum does); the Estimate reads them by name:
+    loss = loss_sum / unmasked_steps, num_valid = counted_steps, num_steps = steps."""
+    half = PESStats(*(jnp.float32(v) for v in (3.0, 2.0, 1.0, 1.0, 2.0, 4.0)))
+    total = jax.tree_util.tree_map(jnp.add, half, half)
+    e = stats_to_estimate({"w": jnp.ones(2)}, total)
+    assert float(e.loss) == 1.5 and int(e.num_valid) == 4 and int(e.num_steps) == 8
+    assert {k: int(v) for k, v in e.metrics.items()} == {"nonfinite": 2, "resets": 2}
+    empty = stats_to_estimate({"w": jnp.ones(2)}, PESStats(*(jnp.float32(v) for v in (0, 0, 4, 1, 0, 4))))
+    assert np.isnan(float(empty.loss)) and int(empty.num_valid) == 0  # no unmasked step: no meta-loss
