@@ -10,12 +10,12 @@ import pytest
 import lopt
 import outer_trainers as ot
 import tasks
+from tests.fixtures import lopt_step
 
 
 @pytest.fixture(scope="module")
 def quad_step():
-    family = tasks.QuadraticFamily(dim=4)
-    return ot.LOptTruncatedStep(family, lopt.LearnableSGD(0.1), ot.ConstantTruncationSchedule(3))
+    return lopt_step(4, lopt.LearnableSGD(0.1), 3)
 
 
 def test_step_matches_manual_sgd(quad_step):
@@ -62,14 +62,13 @@ def test_init_particles_staggers_first_episodes(quad_step):
                                             (ot.LogUniformTruncationSchedule(2, 9), 9),
                                             (ot.NeverEndingTruncationSchedule(), None)])
 def test_max_episode_length_is_the_schedules_max_length(sched, expected):
-    step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=2), lopt.LearnableSGD(0.1), sched)
+    step = lopt_step(2, lopt.LearnableSGD(0.1), sched)
     assert step.max_episode_length == expected
 
 
 def test_nonfinite_loss_resets_and_is_masked():
-    family = tasks.QuadraticFamily(dim=4)
     # lr = 1e30 blows the quadratic up within a couple of steps
-    step = ot.LOptTruncatedStep(family, lopt.LearnableSGD(1e30), ot.ConstantTruncationSchedule(100))
+    step = lopt_step(4, lopt.LearnableSGD(1e30), 100)
     theta = step.learned_opt.init(jax.random.key(0))
     state = step.init(theta, jax.random.key(1))
     seen_bad = False
@@ -86,8 +85,7 @@ def test_nonfinite_loss_resets_and_is_masked():
 
 def test_meta_loss_split_uses_validation_data():
     family = tasks.ImageMLPFamily("digits", (8,), batch_size=16)
-    step = ot.LOptTruncatedStep(family, lopt.LearnableAdam(), ot.ConstantTruncationSchedule(10),
-                                meta_loss_split="outer_valid")
+    step = lopt_step(family, lopt.LearnableAdam(), 10, meta_loss_split="outer_valid")
     theta = step.learned_opt.init(jax.random.key(0))
     state = step.init(theta, jax.random.key(1), data=family.data)
     _, out = jax.jit(lambda th, s, k, d: step.step(th, s, k, data=d))(theta, state, jax.random.key(2), family.data)
@@ -110,7 +108,7 @@ def test_type_errors_name_the_argument():
 def test_batched_step_equals_vmapped_step_across_resets():
     """The lax.cond reset path of batched_step gives exactly vmap(step), resets included."""
     family = tasks.QuadraticFamily(dim=3)
-    step = ot.LOptTruncatedStep(family, lopt.MLPLOpt(hidden_size=4), ot.LogUniformTruncationSchedule(2, 5))
+    step = lopt_step(family, lopt.MLPLOpt(hidden_size=4), ot.LogUniformTruncationSchedule(2, 5))
     theta = step.learned_opt.init(jax.random.key(0))
     thetas = jax.tree_util.tree_map(lambda t: jnp.stack([t, t * 1.01, t * 0.99, t]), theta)
     states = jax.vmap(lambda k: step.init(theta, k))(jax.random.split(jax.random.key(1), 4))
@@ -143,8 +141,7 @@ class _PlainStep(ot.TruncatedStep):
 def test_one_sided_nonfinite_ends_the_whole_pair(plain):
     """The + half diverges (lr 1e30), the − half does not: with reset_groups=2 both restart together
     on the same fresh task, so the pair's later loss differences compare the same task."""
-    step = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=4), lopt.LearnableSGD(0.01),
-                                ot.ConstantTruncationSchedule(100))
+    step = lopt_step(4, lopt.LearnableSGD(0.01), 100)
     ts = _PlainStep(step) if plain else step
     thetas = {"log_lr": jnp.log(jnp.array([1e30, 1e-2], jnp.float32))}
     particle = ts.init({"log_lr": thetas["log_lr"][1]}, jax.random.key(0))
