@@ -1,4 +1,7 @@
-"""Learned optimizers, hand-designed baselines with learnable hyper-parameters, optax interop."""
+"""Learned optimizers, hand-designed baselines with learnable hyper-parameters, optax interop.
+
+From PyTorch: `import lopt.torch; lopt.torch.optimizer(name, model.parameters(), num_steps=N)` (needs torch).
+"""
 from lopt.adafac_mlp_lopt import AdafacMLPLOpt, AdafacState
 from lopt.base import LearnedOptimizer, architecture, architectures
 from lopt.hyper_lopt import HyperLOpt, HyperLOptState

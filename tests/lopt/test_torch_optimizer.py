@@ -95,7 +95,7 @@ def test_state_dict_round_trip_resumes_bit_identically(name):
     buf = io.BytesIO()
     torch.save({"model": first.state_dict(), "opt": opt1.state_dict()}, buf)
     buf.seek(0)
-    saved = torch.load(buf, weights_only=False)
+    saved = torch.load(buf)
     resumed = mlp(seed=1)
     resumed.load_state_dict(saved["model"])
     opt2 = lt.optimizer(source, resumed.parameters(), num_steps=100)
