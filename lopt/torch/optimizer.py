@@ -34,8 +34,9 @@ _TORCH_KEYS = ("params", "param_names", "initial_lr")  # keys torch itself puts 
 
 
 def default_chunk(device: torch.device) -> int:
-    """Elements per block of a rule's per-parameter work: 65536 on CPU (the block's features and
-    activations stay in cache), 2**20 on accelerators (fewer kernel launches)."""
+    """Elements per block of a rule's per-parameter work: 65536 on CPU (of 16384-262144, the fastest
+    NormMLPLOpt step at 1M and 10M parameters on a 2-core CPU: small blocks cost more dispatches,
+    big ones spill the caches), 2**20 on accelerators (fewer kernel launches)."""
     return 65536 if torch.device(device).type == "cpu" else 1 << 20
 
 
