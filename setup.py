@@ -30,6 +30,7 @@ setup(
         "msgpack>=1.0",
         "tensorboardX>=2.6",
         "matplotlib>=3.7",
+        "scipy>=1.11",
     ],
     extras_require={
         # The documentation site (Sphinx + myst-nb) and executing the tutorial notebooks.
