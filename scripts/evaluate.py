@@ -8,35 +8,42 @@
 
 `--optimizer` (repeatable; `--theta PATH` is the same as `--optimizer PATH`) is a theta file
 (`lopt.save_theta`), `pretrained:NAME` (`lopt.pretrained.load(NAME, num_steps=...)`) or a
-baseline name (adam, adamw, sgdm: then it is tuned like a baseline). A learned optimizer is told
+baseline name (adam, adamw, muon, sgdm: then it is tuned like a baseline). A learned optimizer is told
 each task's step budget and is not tuned. A suite (`tasks.suites`, e.g. heldout-cpu, smoke) fixes
 the tasks, their step budgets, seeds and eval split; `--task` (a gin-style constructor call of a
 public tasks class; a family draws one task per seed) takes `--num_steps` and `--num_seeds`.
 
-The protocol is outer_trainers.evaluation.protocol's: every baseline (`--baselines`, default adam, adamw and
-sgdm = SGD with momentum 0.9) is trained per task at each rate of a 7-point log-spaced grid
-(1e-4..1e-1; SGD 1e-3..1) for every seed, all rates and seeds in one jitted program, and the grid
-is extended while the best rate (lowest median final train loss over seeds; a diverged seed
-loses) lies on its edge. Each optimizer is then scored against each tuned baseline: final train
-loss (mean of the last 10% of steps), held-out loss on the eval split ("test") after training,
-their ratios, time to reach the baseline's final train loss and the speedup; the summary counts
-wins per metric and gives the interquartile means (IQM) of the ratios and speedups. Writes to
-output_dir (refusing to replace an earlier evaluation's files unless --overwrite):
+The protocol is outer_trainers.evaluation.protocol's: every baseline (`--baselines`, default adam,
+adamw (weight decay 1e-2), muon (optax.contrib.muon: weight matrices and conv kernels
+orthogonalised, embeddings and vectors by Adam) and sgdm = SGD with momentum 0.9) is trained per
+task at each rate of a 7-point log-spaced grid (Adam, AdamW 1e-4..1e-1; Muon, SGD 1e-3..1) for
+every seed, all rates and seeds in one jitted program, and the grid is extended while the best rate
+(lowest median final train loss over seeds; a diverged seed loses) lies on its edge. Each optimizer
+is then scored against each tuned baseline: final train loss (mean of the last 10% of steps),
+held-out loss on the eval split ("test") after training, their ratios, time to reach the
+baseline's final train loss and the speedup, and the steps the baseline needs to reach the
+optimizer's final train loss over the budget (VeLOdrome; "> budget" when it does not); the summary
+counts wins per metric and gives the interquartile means (IQM) of the ratios, speedups and
+VeLOdrome ratios with 95% stratified-bootstrap intervals, and the tasks on which an optimizer
+diverged or collapsed (ended no better than the task's trivial loss, where the task declares one).
+Writes to output_dir (refusing to replace an earlier evaluation's files unless --overwrite):
 
     results.json  everything below, machine-readable (non-finite numbers as null, with flags)
-    results.md    the summary table and the per-task tables
+    results.md    the summary table, the per-task tables and the performance profile in numbers
     results.csv   task, optimizer, learning_rate, seed, final_train_loss, eval_loss for every run
     curves.png    per task: train-loss curves (median over seeds, min-max band) of each optimizer
-                  and each baseline at its best rate
+                  and each baseline at its best rate                       (not with --no_plots)
     curves.npz    every curve, [seeds, steps] per (task, optimizer, lr)
+    performance_profile.png  per optimizer, the fraction of tasks whose final train loss is within
+                  a factor tau of the best optimizer's, over tau          (not with --no_plots)
 
 Every argument is checked, and every suite task's data loaded, before any training or file is
 written (`check_arguments`).
 
 The stability check replaces the comparison with `--stress_steps N`: each learned optimizer
 (no baselines) trains every task of the suite (or of `--task`) for N steps, told the horizon N, and
-a seed fails when a loss goes non-finite or the final train loss is not below the initial one
-(`stress`; stress.json and stress.md; exit status 1 on a failure):
+a seed fails when a loss goes non-finite, the final train loss is not below the initial one, or it
+collapsed to the task's trivial loss (`stress`; stress.json and stress.md; exit status 1 on a failure):
 
     python scripts/evaluate.py --suite heldout-cpu --optimizer pretrained:NAME --stress_steps 8000 --output_dir st/
 """
@@ -96,9 +103,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--suite", help=f"an evaluation suite of tasks.suites: {', '.join(suites.names())}")
     p.add_argument("--optimizer", action="append", default=[],
                    help="a theta file, an outer_train checkpoint file, pretrained:NAME, or a baseline name (adam, adamw, "
-                        "sgdm); repeatable")
+                        "muon, sgdm); repeatable")
     p.add_argument("--theta", help="a theta_final.msgpack (the same as --optimizer PATH)")
-    p.add_argument("--baselines", help="comma-separated tuned baselines (default adam,adamw,sgdm)")
+    p.add_argument("--baselines", help=f"comma-separated tuned baselines, of {', '.join(evaluation.baseline_names())} "
+                                       f"(default {','.join(evaluation.DEFAULT_BASELINES)}; '' for none)")
     p.add_argument("--task", action="append", default=[], help="e.g. 'QuadraticFamily(dim=4)' (repeatable)")
     p.add_argument("--num_steps", type=int, help="steps per run of --task tasks (sets evaluate.num_steps)")
     p.add_argument("--num_seeds", type=int, help="task draws per --task task (sets evaluate.num_seeds)")
@@ -106,7 +114,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--gin_param", action="append", default=[], help="gin binding, e.g. 'evaluate.num_steps = 100'")
     p.add_argument("--stress_steps", type=int,
                    help="instead of the comparison, the stability check: each learned optimizer trains every task "
-                        "this many steps (told this horizon); fails when a loss goes non-finite or ends above its start")
+                        "this many steps (told this horizon); fails when a loss goes non-finite, ends above its start "
+                        "or collapses to the task's trivial_loss")
+    p.add_argument("--no_plots", action="store_true", help="write no curves.png or performance_profile.png")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation's files in --output_dir")
     return p.parse_args(argv)
 
@@ -129,12 +139,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         params.append(f"evaluate.baselines = {names!r}")
     if args.overwrite:
         params.append("evaluate.overwrite = True")
+    if args.no_plots:
+        params.append("evaluate.plots = False")
     for flag in ("num_steps", "num_seeds"):
         if getattr(args, flag) is not None:
             params.append(f"evaluate.{flag} = {getattr(args, flag)}")
     if args.stress_steps is not None:
-        if args.baselines is not None or args.num_steps is not None:
-            raise SystemExit("error: --stress_steps replaces the comparison: it takes no --baselines or --num_steps")
+        if args.baselines is not None or args.num_steps is not None or args.no_plots:
+            raise SystemExit("error: --stress_steps replaces the comparison: it takes no --baselines, --num_steps or "
+                             "--no_plots")
         params = [p.replace("evaluate.", "stress.", 1) if p.startswith("evaluate.") else p for p in params]
         params.append(f"stress.stress_steps = {args.stress_steps}")
         load_config(args.gin_file, params)

@@ -4,10 +4,12 @@ One concept per module:
 
 - `task_trainer`: many sampled tasks trained with one optimizer in one jitted program
   (`make_task_trainer`), the task draws, `run_settings` and `run_fixed`;
-- `tuning`: the baselines, their learning-rate grids and the tuning rule (`best_runs`,
-  `tune_learning_rate`);
-- `scores`: an optimizer's runs scored against a tuned baseline's (`compare_runs`, `iqm`,
-  `summarize`, `stability`);
+- `tuning`: the baselines (Adam, AdamW, Muon, SGD with momentum), their learning-rate grids and the
+  tuning rule (`best_runs`, `tune_learning_rate`);
+- `scores`: an optimizer's runs scored against a tuned baseline's on one task (`compare_runs`,
+  VeLOdrome, `collapsed`, `stability`);
+- `aggregate`: across tasks: `iqm`, its stratified-bootstrap interval (`iqm_interval`), `summarize`,
+  `performance_profile`;
 - `protocol`: the evaluation protocol's statement, re-exporting the functions of the three above;
 - `comparison`: a learned optimizer against tuned Adam on held-out draws (`compare_optimizers`,
   the report of `scripts/outer_train.py`);
@@ -15,41 +17,49 @@ One concept per module:
   checkpoint file), loaded and run;
 - `task_plan`: an evaluation's arguments checked and its tasks built before any work;
 - `suite_runs`: `evaluate`, the whole evaluation on a suite or a task list, and its five files;
-- `report`, `curves`: the Markdown, JSON and CSV results, and the curves (PNG, npz);
+- `report`, `curves`: the Markdown, JSON and CSV results, and the plots (curves, performance profile);
 - `stress_test`: the stability check past the meta-training horizon.
 
 `scripts/evaluate.py` is the command line of `evaluate` and `stress_test`.
 """
 from outer_trainers.evaluation import protocol
+from outer_trainers.evaluation.aggregate import iqm, iqm_interval, performance_profile, summarize
 from outer_trainers.evaluation.comparison import compare_optimizers, format_comparison
-from outer_trainers.evaluation.curves import plot_curves, save_curves
+from outer_trainers.evaluation.curves import plot_curves, plot_performance_profile, save_curves
 from outer_trainers.evaluation.optimizer_specs import optimizer_labels, resolve_optimizer, run_learned
 from outer_trainers.evaluation.report import (comparison_tables, format_number, json_safe, lr_label, markdown_table,
-                                              results_json, results_markdown, write_csv, write_json, write_text)
-from outer_trainers.evaluation.scores import (compare_runs, diverged, final_loss, iqm, smoothed, stability,
-                                              steps_to_reach, summarize)
+                                              profile_table, results_json, results_markdown, write_csv, write_json,
+                                              write_text)
+from outer_trainers.evaluation.scores import (collapsed, compare_runs, diverged, final_loss, first_reach, loss_ratio,
+                                              smoothed, stability, steps_to_reach, trivial_loss_of)
 from outer_trainers.evaluation.stress_test import STRESS_FILES, stress_test
-from outer_trainers.evaluation.suite_runs import RESULT_FILES, evaluate, run_task, runs_in_sequence
+from outer_trainers.evaluation.suite_runs import (DEFAULT_BASELINES, RESULT_FILES, evaluate, run_task,
+                                                  runs_in_sequence, trivial_losses)
 from outer_trainers.evaluation.task_plan import PlannedTask, check_arguments
 from outer_trainers.evaluation.task_trainer import (make_task_trainer, run_fixed, run_settings, sample_cfgs,
                                                     task_draws)
 from outer_trainers.evaluation.tuning import (baseline, baseline_names, best_runs, check_learning_rates, default_lrs,
-                                              grid_edge, lr_grid, tune_learning_rate)
+                                              grid_edge, lr_grid, muon_dimension_numbers, tune_learning_rate)
 
 __all__ = [
     # task_trainer
     "make_task_trainer", "sample_cfgs", "task_draws", "run_settings", "run_fixed",
     # tuning
     "baseline", "baseline_names", "default_lrs", "check_learning_rates", "lr_grid", "best_runs", "grid_edge",
-    "tune_learning_rate",
+    "tune_learning_rate", "muon_dimension_numbers",
     # scores
-    "final_loss", "smoothed", "steps_to_reach", "diverged", "stability", "compare_runs", "iqm", "summarize",
+    "final_loss", "smoothed", "loss_ratio", "first_reach", "steps_to_reach", "diverged", "trivial_loss_of",
+    "collapsed", "stability", "compare_runs",
+    # aggregate
+    "iqm", "iqm_interval", "summarize", "performance_profile",
     # the protocol's module, comparison
     "protocol", "compare_optimizers", "format_comparison",
     # evaluating optimizers on suites
     "resolve_optimizer", "optimizer_labels", "run_learned", "PlannedTask", "check_arguments", "run_task",
-    "runs_in_sequence", "evaluate", "RESULT_FILES", "stress_test", "STRESS_FILES",
+    "runs_in_sequence", "trivial_losses", "evaluate", "RESULT_FILES", "DEFAULT_BASELINES", "stress_test",
+    "STRESS_FILES",
     # reports
     "format_number", "lr_label", "markdown_table", "comparison_tables", "results_markdown", "json_safe",
-    "results_json", "write_json", "write_text", "write_csv", "plot_curves", "save_curves",
+    "profile_table", "results_json", "write_json", "write_text", "write_csv", "plot_curves", "save_curves",
+    "plot_performance_profile",
 ]

@@ -1,7 +1,8 @@
-"""The training curves of an evaluation: plotted (curves.png) and saved (curves.npz).
+"""The plots of an evaluation: the training curves (curves.png, curves.npz) and the performance profile.
 
     plot_curves("curves.png", results)   # per task, each optimizer and tuned baseline at its best rate
     save_curves("curves.npz", results)   # every run's [seeds, steps] train losses
+    plot_performance_profile("performance_profile.png", aggregate.performance_profile(results))
 
 `results` is `{task name: its run dicts}` (`suite_runs.run_task`). matplotlib is imported only
 when a plot is drawn (the Agg backend: no display needed).
@@ -52,6 +53,38 @@ def plot_curves(path: str, results: dict) -> None:
         ax.set_xlabel("step")
         ax.set_ylabel("train loss")
         ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_performance_profile(path: str, profile: dict) -> None:
+    """Plots each optimizer's performance profile: the fraction of tasks rho(tau) on which its final
+    train loss is within a factor tau of the best optimizer's (`aggregate.performance_profile`).
+
+    A step curve per optimizer over tau from 1 to past the largest finite ratio (log axis); a
+    diverged task never counts, so a curve may stay below 1.
+
+    Args:
+      path: the PNG file to write.
+      profile: `aggregate.performance_profile(results)`.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    top = max([1.0] + profile["taus"]) * 1.5
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, ratios in profile["ratios"].items():
+        r = np.sort(np.asarray(ratios, np.float64))
+        taus = np.concatenate([[1.0], r[np.isfinite(r)], [top]])
+        ax.step(taus, [np.mean(r <= tau) for tau in taus], where="post", label=name)
+    ax.set_xscale("log")
+    ax.set_xlim(1.0, top)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("tau: final train loss / the best optimizer's on the task")
+    ax.set_ylabel(f"fraction of the {len(profile['tasks'])} tasks with ratio <= tau")
+    ax.set_title("performance profile")
+    ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

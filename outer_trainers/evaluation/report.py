@@ -1,11 +1,13 @@
 """The written results of an evaluation: Markdown tables, strict JSON and CSV.
 
-    text = results_markdown(title, comparisons, summary, results, steps, seconds, cpu_seconds)   # results.md
+    text = results_markdown(title, comparisons, summary, results, steps, seconds, cpu_seconds, profile)  # results.md
     doc = results_json(results, info, comparisons, summary, meta)                                # results.json
     write_csv(path, results, info)                                                               # results.csv
 
 `results` is `{task name: its run dicts}` (`suite_runs.run_task`), `comparisons` is `{"OPT vs
-BASELINE": {task: scores.compare_runs(...)}}` and `summary` is `{pair: scores.summarize(...)}`.
+BASELINE": {task: scores.compare_runs(...)}}` and `summary` is `{pair: aggregate.summarize(...)}`
+(IQMs with their 95% intervals, shown "iqm [low, high]"). A VeLOdrome ratio that is inf is shown
+"> budget": the baseline did not reach the optimizer's final loss within the task's budget.
 A baseline is shown at its best learning rate (`tuning.best_runs`), marked when every rate
 diverged or when the best rate is still on the grid's edge; a diverged run is written as
 "diverged" (Markdown) or null next to its flag (JSON), never as a number.
@@ -86,66 +88,119 @@ def markdown_table(results: dict, num_steps: Any) -> str:
     return f"{caption}; baselines at their best learning rate.\n\n" + "\n".join(lines)
 
 
+def _with_interval(s: dict, metric: str, key: str, fmt=None) -> str:
+    """A summary's IQM of `metric`, with its 95% interval "[low, high]" when it has one."""
+    fmt = fmt or format_number
+    interval = s.get("intervals", {}).get(metric)
+    if interval is None:
+        return fmt(s[key])
+    return f"{fmt(interval['iqm'])} [{fmt(interval['ci_low'])}, {fmt(interval['ci_high'])}]"
+
+
+def budget_ratio(x: Optional[float]) -> str:
+    """A VeLOdrome ratio (steps / budget) as the tables show it: "> budget" for inf (not within the budget)."""
+    return "> budget" if x is not None and x == math.inf else format_number(x)
+
+
 def comparison_tables(comparisons: dict, summary: dict) -> str:
     """The summary table (one row per optimizer-vs-baseline pair) and a per-task table per pair.
 
     Args:
       comparisons: `{pair: {task: compare_runs(...)}}`, pair = "OPT vs BASELINE".
-      summary: `{pair: summarize(...)}`.
+      summary: `{pair: aggregate.summarize(...)}`.
 
     Returns:
-      Markdown: wins per metric, IQMs of the loss ratios and speedups, diverged tasks; then, per
-      pair, each task's final train and held-out losses, ratios, the step at which the optimizer
-      reaches the baseline's final train loss and the speedup ("diverged" for a diverged run).
+      Markdown: wins per metric, IQMs of the loss ratios, speedups and VeLOdrome ratios with their
+      95% stratified-bootstrap intervals, diverged and collapsed tasks; then, per pair, each task's
+      final train and held-out losses, ratios, the step at which the optimizer reaches the
+      baseline's final train loss, the speedup, and the steps the baseline needs to reach the
+      optimizer's final train loss (VeLOdrome; "> budget" when it does not within the budget)
+      ("diverged" for a diverged run, "(collapsed)" after a collapsed one's loss).
     """
     num = format_number
     lines = ["| optimizer vs tuned baseline | tasks | wins: final train loss | wins: held-out loss | "
-             "wins: time to reach | IQM train-loss ratio | IQM held-out-loss ratio | IQM speedup | diverged on |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "wins: time to reach | IQM train-loss ratio [95% CI] | IQM held-out-loss ratio [95% CI] | "
+             "IQM speedup [95% CI] | IQM VeLOdrome steps / budget [95% CI] | diverged on | collapsed on |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for pair, s in summary.items():
         n = s["num_tasks"]
         lines.append(f"| {pair} | {n} | {s['wins_train']}/{n} | {s['wins_eval']}/{n} | {s['wins_speed']}/{n} | "
-                     f"{num(s['iqm_ratio_train'])} | {num(s['iqm_ratio_eval'])} | {num(s['iqm_speedup'])} | "
-                     f"{', '.join(s['diverged']) or 'none'} |")
+                     f"{_with_interval(s, 'ratio_train', 'iqm_ratio_train')} | "
+                     f"{_with_interval(s, 'ratio_eval', 'iqm_ratio_eval')} | "
+                     f"{_with_interval(s, 'speedup', 'iqm_speedup')} | "
+                     f"{_with_interval(s, 'velodrome_ratio', 'iqm_velodrome', budget_ratio)} | "
+                     f"{', '.join(s['diverged']) or 'none'} | {', '.join(s.get('collapsed', [])) or 'none'} |")
     for pair, per_task in comparisons.items():
         opt, base = pair.split(" vs ")
-        lines += ["", f"**{pair}** (medians over seeds; ratio < 1 and speedup > 1 favour {opt})", "",
-                  f"| task | {opt} final train | {base} final train | ratio | {opt} held-out | {base} held-out | "
-                  f"ratio | reaches {base}'s final train loss at step | speedup |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", f"**{pair}** (medians over seeds; ratio < 1, speedup > 1 and VeLOdrome > 1 favour {opt})",
+                  "", f"| task | {opt} final train | {base} final train | ratio | {opt} held-out | {base} held-out | "
+                  f"ratio | reaches {base}'s final train loss at step | speedup | {base} reaches {opt}'s final "
+                  f"train loss at step | VeLOdrome (that / budget) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for task, c in per_task.items():
             if c["diverged"]:
                 lines.append(f"| {task} | diverged | {num(c['baseline_final_train'], '.4g')} | — | diverged | "
-                             f"{num(c['baseline_eval'], '.4g')} | — | — | — |")
+                             f"{num(c['baseline_eval'], '.4g')} | — | — | — | — | — |")
                 continue
             reach = num(c["steps_to_reach"], "d") if c["steps_to_reach"] is not None else "never"
+            velo = num(c["velodrome_steps"], "d") if c["velodrome_steps"] is not None else (
+                "—" if c["baseline_diverged"] else "never")
+            final = num(c["final_train"], ".4g") + (" (collapsed)" if c.get("collapsed") else "")
             base_final = "every lr diverged" if c["baseline_diverged"] else num(c["baseline_final_train"], ".4g")
-            lines.append(f"| {task} | {num(c['final_train'], '.4g')} | {base_final} | {num(c['ratio_train'])} | "
+            lines.append(f"| {task} | {final} | {base_final} | {num(c['ratio_train'])} | "
                          f"{num(c['eval'], '.4g')} | {num(c['baseline_eval'], '.4g')} | {num(c['ratio_eval'])} | "
-                         f"{reach} | {num(c['speedup'])} |")
+                         f"{reach} | {num(c['speedup'])} | {velo} | {budget_ratio(c['velodrome_ratio'])} |")
+    return "\n".join(lines)
+
+
+def profile_table(profile: dict, plotted: bool = False) -> str:
+    """The performance profile in a few numbers: per optimizer, the fraction of tasks whose final train
+    loss is within a factor tau of the best optimizer's, for tau = 1 (the tasks it is best on), 1.1, 2, 10.
+
+    Args:
+      profile: `aggregate.performance_profile(results)`.
+      plotted: whether performance_profile.png was written (then linked).
+
+    Returns:
+      Markdown.
+    """
+    taus = (1.0, 1.1, 2.0, 10.0)
+    n = len(profile["tasks"])
+    lines = ["**Performance profile** (final train loss / the best optimizer's on each task; diverged: never "
+             "within tau)" + (": ![performance profile](performance_profile.png)" if plotted else ""), "",
+             "| optimizer | " + " | ".join(f"tasks within {t:g}x of the best" for t in taus) + " |",
+             "|---|" + "---|" * len(taus)]
+    for name, ratios in profile["ratios"].items():
+        r = np.asarray(ratios, np.float64)
+        lines.append(f"| {name} | " + " | ".join(f"{int(np.sum(r <= t * (1 + 1e-12)))}/{n}" for t in taus) + " |")
     return "\n".join(lines)
 
 
 def results_markdown(title: str, comparisons: dict, summary: dict, results: dict, num_steps: dict, seconds: float,
-                     cpu_seconds: float) -> str:
-    """results.md: the title, how the baselines were tuned, the cost, `comparison_tables` and `markdown_table`.
+                     cpu_seconds: float, profile: Optional[dict] = None, plotted: bool = False) -> str:
+    """results.md: the title, how the baselines were tuned, the cost, `comparison_tables`,
+    `profile_table` and `markdown_table`.
 
     Args:
       title: the heading, e.g. "learned vs tuned adam on suite smoke".
       comparisons: `{pair: {task: compare_runs(...)}}`.
-      summary: `{pair: summarize(...)}`.
+      summary: `{pair: aggregate.summarize(...)}`.
       results: `{task name: run_task's runs}`.
       num_steps: {task name: steps}.
       seconds: the evaluation's wall time.
       cpu_seconds: its CPU time.
+      profile: `aggregate.performance_profile(results)` (None: no profile section).
+      plotted: whether performance_profile.png was written.
 
     Returns:
       the Markdown text, ending with a newline.
     """
+    prof = f"\n\n{profile_table(profile, plotted)}" if profile is not None else ""
     return (f"# {title}\n\nEach baseline tuned per task over a log-spaced learning-rate grid (7 rates, extended "
             f"past an edge holding the best rate); medians over seeds; held-out loss on each task's eval split; "
+            f"IQMs across tasks with 95% stratified-bootstrap intervals (seeds resampled within each task); "
             f"{seconds / 60:.1f} min ({cpu_seconds / 60:.1f} CPU-min).\n\n{comparison_tables(comparisons, summary)}"
-            f"\n\n{markdown_table(results, num_steps)}\n")
+            f"{prof}\n\n{markdown_table(results, num_steps)}\n")
 
 
 def json_safe(x: Any) -> Any:
@@ -198,8 +253,8 @@ def results_json(results: dict, info: dict, comparisons: dict, summary: dict, me
       results: `{task name: run_task's runs}`.
       info: `{task name: {"num_steps", "seeds", "eval_split", "seconds"}}`.
       comparisons: `{pair: {task: compare_runs(...)}}`.
-      summary: `{pair: summarize(...)}`.
-      meta: run-level entries (suite, optimizers, baselines, protocol, seconds).
+      summary: `{pair: aggregate.summarize(...)}`.
+      meta: run-level entries (suite, optimizers, baselines, protocol, seconds, performance_profile).
 
     Returns:
       `{**meta, "summary": summary, "tasks": {task: {**info, "optimizers": {name: {"learning_rates",

@@ -10,24 +10,41 @@ every statistic a median over seeds::
     time to reach      t_L = the first step t with median_seeds c_L(t) <= f_B  (the baseline's final loss)
     speedup            T / t_L  when L reaches f_B within T steps;  otherwise t_B / T, where t_B is the
                        first step at which the baseline's curve reaches f_L (so speedup < 1 means L is slower)
+    VeLOdrome          v_B = the first step t with median_seeds c_B(t) <= f_L: the steps the tuned baseline
+                       needs to match L's final train loss (None: not within T), and v_B / T (inf when not
+                       within T, "> budget"; > 1 can only be that).  Against tuned Adam it is the VeLOdrome
+                       metric of VeLO (Metz et al. 2022); the higher, the better for L
+    collapsed          f_L >= (1 - margin) * the task's trivial loss (`collapsed`)
 
 The curve is the same trailing mean that defines the final loss, so c_B(T) = f_B and a single lucky
 minibatch cannot "reach" a target. A run with a non-finite train or held-out loss on any seed is
-diverged (`diverged`): a diverged L scores ratio inf and speedup 0 (and is reported as diverged,
-not as a number); a baseline whose every rate diverged scores ratio 0 and speedup inf for L.
+diverged (`diverged`): a diverged L scores ratio inf, speedup 0 and VeLOdrome 0 (and is reported as
+diverged, not as a number); a baseline whose every rate diverged scores ratio 0, speedup inf and
+VeLOdrome inf for L.
 
-Across tasks (`summarize`): wins per metric (f_L < f_B, e_L < e_B, speedup > 1) and the
-interquartile mean (`iqm`) of each ratio and of the speedups. `stability` is the pass/fail check
-of one long run (finite, and ending below where it started).
+**Collapse.** A run can stay finite and end below its first loss yet learn nothing: a regression or
+autoencoder that settles on predicting the mean output. A task may say what such a run scores: an
+optional `trivial_loss` of the Task, a number or a method without arguments returning one (the
+train loss of the best input-independent predictor: the variance of the targets for a squared-error
+regression or autoencoder, the entropy of the label marginal for a classifier; `trivial_loss_of`
+reads it). A run whose final train loss is >= (1 - margin) * trivial_loss (margin 0.05: it does
+not explain 5% of what the trivial predictor leaves) is collapsed. Without a trivial loss the
+reference is the run's own initial loss (mean of the first 1% of steps) with no margin: collapsed
+then means not below where it started, the rule `stability` always had.
+
+`stability` is the pass/fail check of one long run (finite, below where it started, not
+collapsed). Across tasks: `aggregate` (IQMs, their bootstrap intervals, performance profiles).
 
 Every function takes run dicts (`task_trainer`'s module docstring) and returns plain numbers.
 """
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
+
+COLLAPSE_MARGIN = 0.05
 
 
 def final_loss(losses) -> np.ndarray:
@@ -67,10 +84,42 @@ def smoothed(losses, window: Optional[int] = None) -> np.ndarray:
     return out
 
 
+def loss_ratio(a, b) -> Any:
+    """a / b for losses (>= 0), with 0 / 0 = 1 and a / 0 = inf for a > 0 (a loss of exactly 0 happens:
+    a saturated cross-entropy); elementwise for arrays.
+
+    Args:
+      a: the optimizer's loss(es).
+      b: the reference loss(es).
+
+    Returns:
+      a float for scalars, else a float array.
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(b == 0, np.where(a == 0, 1.0, np.inf * np.sign(a)), a / np.where(b == 0, 1.0, b))
+    return float(out) if out.ndim == 0 else out
+
+
+def first_reach(curves, targets) -> np.ndarray:
+    """The first step (1-based) at which each curve is at or below its target, for many curves at once.
+
+    Args:
+      curves: [..., T] (NaN entries never count as reached, e.g. `smoothed`'s first w - 1 steps).
+      targets: [...] the loss each curve must reach.
+
+    Returns:
+      float array [...]: the step, inf where the curve never reaches its target within T steps.
+    """
+    curves = np.asarray(curves, np.float64)
+    hit = np.isfinite(curves) & (curves <= np.asarray(targets, np.float64)[..., None])
+    return np.where(hit.any(axis=-1), hit.argmax(axis=-1) + 1.0, np.inf)
+
+
 def steps_to_reach(losses, target: float) -> Optional[int]:
     """The first step (1-based) at which the median over seeds of the smoothed curve is <= `target`.
 
-    t = min { t : median_seeds c(t) <= target }, c the `smoothed` curve.
+    t = min { t : median_seeds c(t) <= target }, c the `smoothed` curve (`first_reach` of the median curve).
 
     Args:
       losses: train losses [S, T].
@@ -79,9 +128,8 @@ def steps_to_reach(losses, target: float) -> Optional[int]:
     Returns:
       the step, or None when it is never reached within T steps.
     """
-    curve = np.median(smoothed(losses), axis=0)
-    hit = np.nonzero(np.isfinite(curve) & (curve <= target))[0]
-    return int(hit[0]) + 1 if hit.size else None
+    step = float(first_reach(np.median(smoothed(losses), axis=0), target))
+    return int(step) if math.isfinite(step) else None
 
 
 def diverged(run: dict) -> bool:
@@ -96,108 +144,133 @@ def diverged(run: dict) -> bool:
     return bool(not np.all(np.isfinite(run["losses"])) or not np.all(np.isfinite(run["evals"])))
 
 
-def stability(run: dict) -> dict:
-    """Whether each seed of a (long) run stayed finite and ended below where it started.
+def trivial_loss_of(task: Any) -> Optional[float]:
+    """A task's trivial loss (module docstring), or None when it declares none.
 
-    A seed passes when every train loss and its held-out loss are finite and its final train loss
+    Args:
+      task: a Task; its optional `trivial_loss` is a number or a method without arguments returning one.
+
+    Returns:
+      the loss as a float, or None when the task has no `trivial_loss`, it is None, or it is not a
+      finite number > 0 (then the initial loss is the reference).
+    """
+    value = getattr(task, "trivial_loss", None)
+    value = value() if callable(value) else value
+    if value is None:
+        return None
+    value = float(np.asarray(value))
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def collapsed(final, initial, trivial_loss=None, margin: float = COLLAPSE_MARGIN) -> np.ndarray:
+    """Whether runs ended no better than a trivial predictor (module docstring).
+
+    collapsed = final >= (1 - margin) * trivial_loss   when the trivial loss is known,
+                final >= initial                        otherwise;
+    never for a non-finite final loss (that run diverged: `diverged`).
+
+    Args:
+      final: final train losses [...] (`final_loss`).
+      initial: the same runs' initial train losses [...].
+      trivial_loss: None, or the trivial loss (a number, or [...] per run; None or NaN entries: unknown).
+      margin: the fraction of the trivial loss a run must get below.
+
+    Returns:
+      bool array [...].
+    """
+    final, initial = np.asarray(final, np.float64), np.asarray(initial, np.float64)
+    trivial = np.full(final.shape, np.nan) if trivial_loss is None else np.broadcast_to(
+        np.asarray(trivial_loss, np.float64), final.shape)
+    known = np.isfinite(trivial)
+    with np.errstate(invalid="ignore"):
+        out = np.where(known, final >= (1.0 - margin) * np.where(known, trivial, 0.0), final >= initial)
+    return out & np.isfinite(final)
+
+
+def stability(run: dict, trivial_loss=None, margin: float = COLLAPSE_MARGIN) -> dict:
+    """Whether each seed of a (long) run stayed finite, ended below where it started and did not collapse.
+
+    A seed passes when every train loss and its held-out loss are finite, its final train loss
     (mean of the last 10% of steps, `final_loss`) is below its initial one (mean of the first 1%,
-    at least one step): the "never diverges" check of a learned optimizer run past its
-    meta-training horizon.
+    at least one step), and it is not `collapsed` against the task's trivial loss: the "never
+    diverges, still learns" check of a learned optimizer run past its meta-training horizon.
 
     Args:
       run: a run dict ("losses" [S, T], "evals" [S]).
+      trivial_loss: None, a number, or [S] (None entries: unknown), e.g. `trivial_loss_of` each seed's task.
+      margin: `collapsed`'s margin.
 
     Returns:
       `{"initial", "final", "max", "eval": [S] float lists (possibly non-finite; "max" skips NaN steps),
-      "ok": [S] bools, "all_ok": bool}`.
+      "trivial_loss": [S] (None: unknown), "collapsed": [S] bools, "ok": [S] bools, "all_ok": bool}`.
     """
     losses = np.asarray(run["losses"], np.float64)
     evals = np.asarray(run["evals"], np.float64)
     head = max(1, losses.shape[-1] // 100)
     initial = losses[:, :head].mean(axis=-1)
     final = final_loss(losses)
+    trivial = _per_seed(trivial_loss, losses.shape[0])
+    flat = collapsed(final, initial, trivial, margin)
     finite = np.all(np.isfinite(losses), axis=-1) & np.isfinite(evals)
-    ok = finite & (final < initial)
+    ok = finite & (final < initial) & ~flat
     peak = [float(row[~np.isnan(row)].max()) if not np.isnan(row).all() else float("nan") for row in losses]
     return {"initial": initial.tolist(), "final": final.tolist(), "max": peak, "eval": evals.tolist(),
+            "trivial_loss": [None if np.isnan(t) else float(t) for t in trivial], "collapsed": flat.tolist(),
             "ok": ok.tolist(), "all_ok": bool(ok.all())}
 
 
-def compare_runs(run: dict, base: dict) -> dict:
+def _per_seed(trivial_loss, num_seeds: int) -> np.ndarray:
+    """A trivial loss (None, a number or per-seed values with None entries) as [S] floats, NaN where unknown."""
+    if trivial_loss is None:
+        return np.full(num_seeds, np.nan)
+    values = np.atleast_1d(np.asarray(trivial_loss, dtype=object))
+    values = np.array([np.nan if v is None else float(v) for v in values], np.float64)
+    return np.broadcast_to(values, (num_seeds,)).copy()
+
+
+def compare_runs(run: dict, base: dict, trivial_loss=None, margin: float = COLLAPSE_MARGIN) -> dict:
     """Scores an optimizer's run against a tuned baseline's best run on one task (module docstring).
 
     Args:
       run: the optimizer's run: "losses" [S, T], "evals" [S].
       base: the baseline's best run (`best_runs`; "diverged": True when every rate diverged), same seeds.
+      trivial_loss: the task's trivial loss (None: unknown; a number or [S]), for "collapsed".
+      margin: `collapsed`'s margin.
 
     Returns:
       `{"final_train", "baseline_final_train", "ratio_train", "eval", "baseline_eval", "ratio_eval",
       "initial_train", "below_initial", "steps_to_reach" (None: never), "baseline_steps_to_reach"
-      (of the optimizer's final loss; None unless needed), "speedup", "diverged",
-      "baseline_diverged", "win_train", "win_eval", "win_speed"}`: medians over seeds, floats.
+      (of the optimizer's final loss; None unless needed), "speedup", "velodrome_steps" (None: not
+      within the budget), "velodrome_ratio" (inf: not within the budget), "trivial_loss" (None:
+      unknown), "collapsed", "diverged", "baseline_diverged", "win_train", "win_eval", "win_speed"}`:
+      medians over seeds, floats.
     """
     t = run["losses"].shape[-1]
     f_l, e_l = float(np.median(final_loss(run["losses"]))), float(np.median(run["evals"]))
     f_b, e_b = float(np.median(final_loss(base["losses"]))), float(np.median(base["evals"]))
     initial = float(np.median(run["losses"][:, 0]))
+    trivial = _per_seed(trivial_loss, run["losses"].shape[0])
+    trivial = float(np.median(trivial)) if np.all(np.isfinite(trivial)) else None
     out = {"final_train": f_l, "baseline_final_train": f_b, "eval": e_l, "baseline_eval": e_b,
            "initial_train": initial, "below_initial": bool(np.isfinite(f_l) and f_l < initial),
-           "steps_to_reach": None, "baseline_steps_to_reach": None, "diverged": diverged(run),
-           "baseline_diverged": bool(base.get("diverged", False) or diverged(base))}
+           "steps_to_reach": None, "baseline_steps_to_reach": None, "velodrome_steps": None,
+           "trivial_loss": trivial, "collapsed": bool(collapsed(f_l, initial, trivial, margin)),
+           "diverged": diverged(run), "baseline_diverged": bool(base.get("diverged", False) or diverged(base))}
     if out["diverged"]:
-        out.update(ratio_train=math.inf, ratio_eval=math.inf, speedup=0.0)
+        out.update(ratio_train=math.inf, ratio_eval=math.inf, speedup=0.0, velodrome_ratio=0.0)
     elif out["baseline_diverged"]:
-        out.update(ratio_train=0.0, ratio_eval=0.0, speedup=math.inf)
+        out.update(ratio_train=0.0, ratio_eval=0.0, speedup=math.inf, velodrome_ratio=math.inf)
     else:
-        out.update(ratio_train=f_l / f_b, ratio_eval=e_l / e_b)
+        out.update(ratio_train=loss_ratio(f_l, f_b), ratio_eval=loss_ratio(e_l, e_b))
+        out["velodrome_steps"] = steps_to_reach(base["losses"], f_l)
+        out["velodrome_ratio"] = out["velodrome_steps"] / t if out["velodrome_steps"] is not None else math.inf
         out["steps_to_reach"] = steps_to_reach(run["losses"], f_b)
         if out["steps_to_reach"] is not None:
             out["speedup"] = t / out["steps_to_reach"]
         else:
-            out["baseline_steps_to_reach"] = steps_to_reach(base["losses"], f_l) or t
+            out["baseline_steps_to_reach"] = out["velodrome_steps"] or t
             out["speedup"] = out["baseline_steps_to_reach"] / t
     out["win_train"] = bool(not out["diverged"] and out["ratio_train"] < 1.0)
     out["win_eval"] = bool(not out["diverged"] and out["ratio_eval"] < 1.0)
     out["win_speed"] = bool(not out["diverged"] and out["speedup"] > 1.0)
     return out
-
-
-def iqm(values: Sequence[float]) -> float:
-    """The interquartile mean: the mean of the middle 50% of the sorted values.
-
-    With the n values sorted, s[1] <= ... <= s[n], and k = floor(n / 4): IQM = mean(s[k+1 .. n-k]),
-    none dropped for n < 4 (the plain mean there); tied values are kept or dropped by position alone.
-    Infinite values sort to the ends (a diverged task's inf ratio is dropped only if at most
-    floor(n / 4) tasks diverged); NaN is refused.
-
-    Args:
-      values: the per-task ratios or speedups (at least one).
-
-    Returns:
-      the IQM (inf when an infinite value survives the trimming).
-    """
-    v = np.sort(np.asarray(values, np.float64))
-    if v.size == 0 or np.any(np.isnan(v)):
-        raise ValueError(f"iqm needs at least one value and no NaN, got {list(values)}")
-    k = v.size // 4
-    return float(np.mean(v[k:v.size - k]))
-
-
-def summarize(comparisons: dict) -> dict:
-    """Aggregates `compare_runs` results over the tasks of a suite.
-
-    Args:
-      comparisons: `{task name: compare_runs(...)}` for one optimizer against one baseline.
-
-    Returns:
-      `{"num_tasks", "wins_train", "wins_eval", "wins_speed", "iqm_ratio_train", "iqm_ratio_eval",
-      "iqm_speedup", "diverged" (task names), "not_below_initial" (task names)}`.
-    """
-    c = list(comparisons.values())
-    return {"num_tasks": len(c),
-            "wins_train": sum(x["win_train"] for x in c), "wins_eval": sum(x["win_eval"] for x in c),
-            "wins_speed": sum(x["win_speed"] for x in c),
-            "iqm_ratio_train": iqm([x["ratio_train"] for x in c]), "iqm_ratio_eval": iqm([x["ratio_eval"] for x in c]),
-            "iqm_speedup": iqm([x["speedup"] for x in c]),
-            "diverged": [t for t, x in comparisons.items() if x["diverged"]],
-            "not_below_initial": [t for t, x in comparisons.items() if not x["below_initial"]]}

@@ -5,13 +5,16 @@
 
 Every learned optimizer trains every task of a suite (or a list of tasks) once per seed for
 `stress_steps` steps, told that horizon, with the same task draws as `suite_runs.evaluate`. A seed
-passes `scores.stability`'s check: every loss finite, and
+passes `scores.stability`'s check: every loss finite,
 
-    final train loss (mean of the last 10% of steps) < initial train loss (mean of the first 1%).
+    final train loss (mean of the last 10% of steps) < initial train loss (mean of the first 1%),
 
-Passing says the optimizer does not diverge, not that it trains well that long. `output_dir`
+and not collapsed: final train loss < (1 - margin) x the task's trivial loss, when the task declares
+one (an optional `trivial_loss` of the Task: the loss of the best input-independent predictor, e.g.
+predicting the mean output; `scores.trivial_loss_of`; margin 0.05). Passing says the optimizer
+does not diverge or collapse, not that it trains well that long. `output_dir`
 receives STRESS_FILES (stress.json, stress.md: per task, optimizer and seed, the initial, final
-and highest train loss, the held-out loss, pass or fail).
+and highest train loss, the held-out loss, the trivial loss, pass, "collapsed" or fail).
 """
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ from typing import Any, Optional, Sequence
 
 from outer_trainers.evaluation.optimizer_specs import optimizer_labels, resolve_optimizer, run_learned
 from outer_trainers.evaluation.report import format_number, json_safe, write_json, write_text
-from outer_trainers.evaluation.scores import stability
-from outer_trainers.evaluation.suite_runs import Log, print_now
+from outer_trainers.evaluation.scores import COLLAPSE_MARGIN, stability
+from outer_trainers.evaluation.suite_runs import Log, print_now, trivial_losses
 from outer_trainers.evaluation.task_plan import check_arguments
 from outer_trainers.evaluation.task_trainer import task_draws
 from outer_trainers.evaluation.tuning import baseline_names
@@ -32,15 +35,16 @@ STRESS_FILES = ("stress.json", "stress.md")
 
 def stress_test(output_dir: str, *, stress_steps: int, optimizers: Sequence[str] = (),
                 theta_path: Optional[str] = None, suite: Optional[str] = None, tasks: Sequence[Any] = (),
-                num_seeds: int = 3, eval_split: str = "test", overwrite: bool = False, log: Log = print_now) -> dict:
+                num_seeds: int = 3, eval_split: str = "test", collapse_margin: float = COLLAPSE_MARGIN,
+                overwrite: bool = False, log: Log = print_now) -> dict:
     """The stability check: every learned optimizer trains every task for `stress_steps` steps.
 
     Each optimizer is told the horizon `stress_steps` (as a user would call `opt_fn(theta,
     num_steps=...)` or `lopt.pretrained.load(name, num_steps=...)`) and trains each task once per
     seed (the suite's seeds, or `num_seeds` of `tasks`), with the same draws as `evaluate`. A seed
-    passes when its losses stay finite and its final train loss ends below its initial one
-    (`stability`). Meant for horizons past the meta-training ones (4x, say) and for tasks wider
-    than any meta-training task. Writes stress.json and stress.md.
+    passes when its losses stay finite, its final train loss ends below its initial one and it did
+    not collapse to its task's trivial loss (`stability`). Meant for horizons past the meta-training
+    ones (4x, say) and for tasks wider than any meta-training task. Writes stress.json and stress.md.
 
     Args:
       output_dir: where the two files go (created if missing).
@@ -51,6 +55,7 @@ def stress_test(output_dir: str, *, stress_steps: int, optimizers: Sequence[str]
       tasks: Tasks or TaskFamilies instead of a suite.
       num_seeds: task draws per task of `tasks`.
       eval_split: the data split of the held-out loss of `tasks`.
+      collapse_margin: `scores.collapsed`'s margin.
       overwrite: replace the files of an earlier stability check in `output_dir` (otherwise refused).
       log: receives a line per task and optimizer and the verdict (None: silent).
 
@@ -75,22 +80,26 @@ def stress_test(output_dir: str, *, stress_steps: int, optimizers: Sequence[str]
                          f"choose another --output_dir or pass --overwrite to replace it")
     opts = [resolve_optimizer(s, label) for s, label in zip(specs, optimizer_labels(specs))]
     out, failures, start = {}, [], time.perf_counter()
-    rows = ["| task | optimizer | seed | initial | final | max | held-out | |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| task | optimizer | seed | initial | final | max | held-out | trivial loss | |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for name, family, _, seeds, split in plan:
         cfgs, run_keys = task_draws(family, seeds)
+        trivial = trivial_losses(family, seeds)
         out[name] = {}
         for opt in opts:
             t0 = time.perf_counter()
             run = run_learned(opt, family, stress_steps, cfgs, run_keys, eval_split=split,
                               sequential=True)  # long runs: one seed at a time keeps memory flat
-            st = stability(run)
+            st = stability(run, trivial, collapse_margin)
             out[name][opt["label"]] = {**st, "seeds": list(seeds), "seconds": time.perf_counter() - t0}
             if not st["all_ok"]:
                 failures.append(f"{name} / {opt['label']}")
             for i, seed in enumerate(seeds):
+                flat = st["collapsed"][i] and st["trivial_loss"][i] is not None
+                verdict = "ok" if st["ok"][i] else "**collapsed**" if flat else "**FAIL**"
                 rows.append(f"| {name} | {opt['label']} | {seed} | {num(st['initial'][i], '.4g')} | "
                             f"{num(st['final'][i], '.4g')} | {num(st['max'][i], '.4g')} | {num(st['eval'][i], '.4g')} "
-                            f"| {'ok' if st['ok'][i] else '**FAIL**'} |")
+                            f"| {num(st['trivial_loss'][i], '.4g')} | {verdict} |")
             log(f"{name} / {opt['label']}: {'ok' if st['all_ok'] else 'FAIL'} (final {num(max(st['final']), '.4g')}, "
                 f"initial {num(min(st['initial']), '.4g')}) in {time.perf_counter() - t0:.0f} s")
     doc = json_safe({"stress_steps": stress_steps, "suite": suite, "optimizers": {o["label"]: o["spec"] for o in opts},
@@ -100,8 +109,10 @@ def stress_test(output_dir: str, *, stress_steps: int, optimizers: Sequence[str]
     write_json(os.path.join(output_dir, "stress.json"), doc)
     verdict = "Every run passed" if not failures else f"FAILED: {', '.join(failures)}"
     text = (f"# Stability check: {stress_steps} steps\n\nEach optimizer told the horizon {stress_steps}; a seed "
-            f"passes when its losses stay finite and the final train loss (mean of the last 10% of steps) is below "
-            f"the initial one (mean of the first 1%). {verdict}.\n\n" + "\n".join(rows) + "\n")
+            f"passes when its losses stay finite, the final train loss (mean of the last 10% of steps) is below "
+            f"the initial one (mean of the first 1%), and, where the task declares a trivial loss (the loss of the "
+            f"best input-independent predictor), below {1 - collapse_margin:g}x that (else **collapsed**). "
+            f"{verdict}.\n\n" + "\n".join(rows) + "\n")
     write_text(os.path.join(output_dir, "stress.md"), text)
     log(verdict)
     return doc

@@ -6,15 +6,18 @@ For every task (`task_plan.check_arguments`) and seed, every optimizer and every
 the same task draw from the same initialisation (`task_trainer.task_draws`); each baseline is tuned
 over its learning-rate grid (`tuning.tune_learning_rate`), each learned optimizer runs once, told
 the task's step budget (`optimizer_specs.run_learned`). Each optimizer is then scored against each
-tuned baseline's best run (`scores.compare_runs`, `scores.summarize`: wins, IQMs of the loss
-ratios and speedups). `output_dir` receives RESULT_FILES:
+tuned baseline's best run (`scores.compare_runs` with the task's trivial loss, `aggregate.summarize`:
+wins, IQMs of the loss ratios, speedups and VeLOdrome ratios with their stratified-bootstrap
+intervals) and every optimizer and baseline gets its performance profile
+(`aggregate.performance_profile`). `output_dir` receives RESULT_FILES:
 
     results.json  everything, machine-readable (non-finite numbers as null, with flags)
     results.md    the summary table and the per-task tables
     results.csv   task, optimizer, learning_rate, seed, final_train_loss, eval_loss for every run
     curves.png    per task: train-loss curves (median over seeds, min-max band) of each optimizer
-                  and each baseline at its best rate
+                  and each baseline at its best rate                                  (with `plots`)
     curves.npz    every curve, [seeds, steps] per (task, optimizer, lr)
+    performance_profile.png  each optimizer's performance profile                     (with `plots`)
 
 and an earlier evaluation's files are never replaced unless `overwrite`.
 """
@@ -26,18 +29,23 @@ import resource
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from outer_trainers.evaluation.curves import plot_curves, save_curves
+import jax
+
+from outer_trainers.evaluation.aggregate import performance_profile, summarize
+from outer_trainers.evaluation.curves import plot_curves, plot_performance_profile, save_curves
 from outer_trainers.evaluation.optimizer_specs import optimizer_labels, resolve_optimizer, run_learned
 from outer_trainers.evaluation.report import results_json, results_markdown, write_csv, write_json, write_text
-from outer_trainers.evaluation.scores import compare_runs, summarize
+from outer_trainers.evaluation.scores import COLLAPSE_MARGIN, compare_runs, trivial_loss_of
 from outer_trainers.evaluation.task_plan import check_arguments
 from outer_trainers.evaluation.task_trainer import task_draws
-from outer_trainers.evaluation.tuning import baseline, best_runs, default_lrs, tune_learning_rate
+from outer_trainers.evaluation.tuning import ADAMW_WEIGHT_DECAY, baseline, best_runs, default_lrs, tune_learning_rate
 from tasks.base import TaskFamily
 from tasks.conv import ConvFamily
 
-RESULT_FILES = ("results.csv", "curves.png", "results.md", "curves.npz", "results.json")
+RESULT_FILES = ("results.csv", "curves.png", "results.md", "curves.npz", "results.json", "performance_profile.png")
 ADAM_LRS, ADAMW_LRS, SGDM_LRS = default_lrs("adam"), default_lrs("adamw"), default_lrs("sgdm")
+MUON_LRS = default_lrs("muon")
+DEFAULT_BASELINES = ("adam", "adamw", "muon", "sgdm")
 Log = Optional[Callable[[str], None]]
 print_now = functools.partial(print, flush=True)
 
@@ -55,9 +63,25 @@ def runs_in_sequence(family: TaskFamily) -> bool:
     return isinstance(family, ConvFamily)
 
 
+def trivial_losses(family: TaskFamily, seeds: Sequence[int]) -> Optional[list]:
+    """Each seed's task's trivial loss (`scores.trivial_loss_of`), or None when no task declares one.
+
+    Args:
+      family: the task family.
+      seeds: the seeds, drawn as `task_draws` draws them.
+
+    Returns:
+      [S] floats or Nones, or None when every seed's is unknown.
+    """
+    cfgs, _ = task_draws(family, seeds)
+    out = [trivial_loss_of(family.task_fn(jax.tree_util.tree_map(lambda x, i=i: x[i], cfgs)))
+           for i in range(len(seeds))]
+    return out if any(v is not None for v in out) else None
+
+
 def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizers: Sequence[dict],
              baselines: Sequence[str], grids: dict, eval_split: str, *, momentum: float = 0.9,
-             weight_decay: float = 1e-2, max_extensions: int = 4) -> tuple[list[dict], dict]:
+             weight_decay: float = ADAMW_WEIGHT_DECAY, max_extensions: int = 4) -> tuple[list[dict], dict]:
     """Trains one task per seed with every optimizer and every baseline (tuned: `tune_learning_rate`).
 
     Every setting sees the same task draws and initialisations (`task_draws`). A baseline given
@@ -114,14 +138,17 @@ def _cpu_seconds() -> float:
 
 def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Optional[str] = None,
              suite: Optional[str] = None, tasks: Sequence[Any] = (), num_steps: int = 1000, num_seeds: int = 3,
-             baselines: Sequence[str] = ("adam", "adamw", "sgdm"), adam_lrs: Sequence[float] = ADAM_LRS,
-             adamw_lrs: Sequence[float] = ADAMW_LRS, sgdm_lrs: Sequence[float] = SGDM_LRS, momentum: float = 0.9,
-             weight_decay: float = 1e-2, eval_split: str = "test", max_extensions: int = 4,
-             overwrite: bool = False, log: Log = print_now) -> dict:
-    """Runs the evaluation of the module docstring and writes its five files to `output_dir`.
+             baselines: Sequence[str] = DEFAULT_BASELINES, adam_lrs: Sequence[float] = ADAM_LRS,
+             adamw_lrs: Sequence[float] = ADAMW_LRS, muon_lrs: Sequence[float] = MUON_LRS,
+             sgdm_lrs: Sequence[float] = SGDM_LRS, momentum: float = 0.9, weight_decay: float = ADAMW_WEIGHT_DECAY,
+             eval_split: str = "test", max_extensions: int = 4, collapse_margin: float = COLLAPSE_MARGIN,
+             n_resamples: int = 2000, plots: bool = True, overwrite: bool = False, log: Log = print_now) -> dict:
+    """Runs the evaluation of the module docstring and writes its files to `output_dir`.
 
     Per optimizer L and tuned baseline B, over the tasks: wins (f_L < f_B, e_L < e_B, speedup > 1)
-    and interquartile means of f_L / f_B, e_L / e_B and the speedups (`scores`).
+    and interquartile means, with 95% stratified-bootstrap intervals, of f_L / f_B, e_L / e_B, the
+    speedups and the VeLOdrome ratios (`scores`, `aggregate`); the tasks on which L diverged or
+    collapsed; and every optimizer's performance profile.
 
     Args:
       output_dir: where the result files go (created if missing).
@@ -131,19 +158,24 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
       tasks: Tasks or TaskFamilies instead of a suite; a repeated name gets its index appended.
       num_steps: training steps per run of `tasks`.
       num_seeds: task draws (and run keys) per task of `tasks`, seeds 0 .. num_seeds - 1.
-      baselines: the tuned baselines each optimizer is compared with ("adam", "adamw", "sgdm").
+      baselines: the tuned baselines each optimizer is compared with (`tuning.baseline_names()`).
       adam_lrs: Adam's starting learning-rate grid.
       adamw_lrs: AdamW's starting learning-rate grid.
+      muon_lrs: Muon's starting learning-rate grid.
       sgdm_lrs: SGD-with-momentum's starting learning-rate grid.
       momentum: SGD's momentum.
       weight_decay: AdamW's weight decay.
       eval_split: the data split of the held-out loss of `tasks` (a suite task has its own).
       max_extensions: the most extensions of a baseline's grid past its edge (2 rates each).
+      collapse_margin: a run is collapsed when its final train loss is >= (1 - margin) x its task's
+        trivial loss (`scores.collapsed`).
+      n_resamples: bootstrap resamples of each interval.
+      plots: write curves.png and performance_profile.png.
       overwrite: replace the result files of an earlier evaluation in `output_dir` (otherwise refused).
       log: receives each task's progress line and, at the end, results.md's text (None: silent).
 
     Returns:
-      `{"results": {task: runs}, "comparisons": ..., "summary": ..., "json": results.json's content}`.
+      `{"results": {task: runs}, "comparisons": ..., "summary": ..., "profile": ..., "json": results.json's content}`.
 
     Raises:
       ValueError (TypeError for a task of another type), before any training or file is written,
@@ -151,48 +183,60 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     """
     log = log or (lambda text: None)
     specs = list(optimizers) + ([theta_path] if theta_path else [])
-    plan = check_arguments(output_dir, specs, suite, tasks, num_steps, num_seeds, baselines,
-                           {"adam": adam_lrs, "adamw": adamw_lrs, "sgdm": sgdm_lrs}, momentum, eval_split,
-                           max_extensions)
+    grids = {"adam": tuple(adam_lrs), "adamw": tuple(adamw_lrs), "muon": tuple(muon_lrs), "sgdm": tuple(sgdm_lrs)}
+    plan = check_arguments(output_dir, specs, suite, tasks, num_steps, num_seeds, baselines, grids, momentum,
+                           eval_split, max_extensions)
+    if not 0.0 <= collapse_margin < 1.0:
+        raise ValueError(f"evaluate: collapse_margin must be in [0, 1), got {collapse_margin!r}")
     existing = [f for f in RESULT_FILES if os.path.exists(os.path.join(output_dir, f))]
     if existing and not overwrite:
         raise ValueError(f"evaluate: {output_dir} already holds the results of an evaluation ({', '.join(existing)}); "
                          f"choose another --output_dir or pass --overwrite to replace them")
     opts = [resolve_optimizer(s, label) for s, label in zip(specs, optimizer_labels(specs))]
-    grids = {"adam": tuple(adam_lrs), "adamw": tuple(adamw_lrs), "sgdm": tuple(sgdm_lrs)}
-    results, info, start, cpu_start = {}, {}, time.perf_counter(), _cpu_seconds()
+    results, info, trivial, start, cpu_start = {}, {}, {}, time.perf_counter(), _cpu_seconds()
     for name, family, steps, seeds, split in plan:
         runs, seconds = run_task(family, steps, seeds, opts, baselines, grids, split, momentum=momentum,
                                  weight_decay=weight_decay, max_extensions=max_extensions)
-        results[name] = runs
-        info[name] = {"num_steps": steps, "seeds": list(seeds), "eval_split": split, "seconds": seconds}
+        results[name], trivial[name] = runs, trivial_losses(family, seeds)
+        info[name] = {"num_steps": steps, "seeds": list(seeds), "eval_split": split, "seconds": seconds,
+                      "trivial_loss": trivial[name]}
         log(f"{name}: {steps} steps x {len(seeds)} seeds in {sum(seconds.values()):.0f} s")
-    total, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
     comparisons, summary = {}, {}
     for opt in opts:
         for base in baselines:
             if opt["label"] == base:
                 continue
             pair = f"{opt['label']} vs {base}"
-            comparisons[pair] = {t: compare_runs(best_runs(runs)[opt["label"]], best_runs(runs)[base])
-                                 for t, runs in results.items()}
-            summary[pair] = summarize(comparisons[pair])
+            pairs = {t: (best_runs(runs)[opt["label"]], best_runs(runs)[base]) for t, runs in results.items()}
+            comparisons[pair] = {t: compare_runs(*p, trivial[t], collapse_margin) for t, p in pairs.items()}
+            summary[pair] = summarize(comparisons[pair], pairs, n_resamples=n_resamples)
+    profile = performance_profile(results)
+    total, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
     meta = {"suite": suite, "optimizers": {o["label"]: o["spec"] for o in opts}, "baselines": list(baselines),
             "protocol": {"grid": {b: list(grids[b]) for b in baselines}, "extend_by": 2,
                          "max_extensions": max_extensions, "tuning": "lowest median over seeds of the final "
                          "train loss; a diverged seed loses", "final_train": "mean train loss of the last 10% "
-                         "of steps", "statistic": "median over seeds", "speedup": "see outer_trainers.evaluation.protocol"},
+                         "of steps", "statistic": "median over seeds", "speedup": "see outer_trainers.evaluation.protocol",
+                         "intervals": f"95% stratified-bootstrap percentile intervals of the IQM across tasks, seeds "
+                         f"resampled within each task, {n_resamples} resamples (scipy.stats.bootstrap)",
+                         "velodrome": "steps the tuned baseline needs to reach the optimizer's final train loss, "
+                         "over the budget (null with velodrome_steps null: not within the budget)",
+                         "collapse": f"final train loss >= (1 - {collapse_margin}) x the task's trivial_loss "
+                         f"(else: not below the initial loss)", "weight_decay": weight_decay, "momentum": momentum},
+            "performance_profile": {"tasks": profile["tasks"], "ratios": profile["ratios"]},
             "seconds": total, "cpu_seconds": cpu}
     doc = results_json(results, info, comparisons, summary, meta)
     os.makedirs(output_dir, exist_ok=True)
     write_csv(os.path.join(output_dir, "results.csv"), results, info)
-    plot_curves(os.path.join(output_dir, "curves.png"), results)
+    if plots:
+        plot_curves(os.path.join(output_dir, "curves.png"), results)
+        plot_performance_profile(os.path.join(output_dir, "performance_profile.png"), profile)
     save_curves(os.path.join(output_dir, "curves.npz"), results)
     write_json(os.path.join(output_dir, "results.json"), doc)
     what = f"suite {suite}" if suite else f"{len(results)} tasks"
     title = f"{', '.join(o['label'] for o in opts)} vs tuned {', '.join(baselines)} on {what}"
     text = results_markdown(title, comparisons, summary, results, {t: i["num_steps"] for t, i in info.items()},
-                            total, cpu)
+                            total, cpu, profile, plots)
     write_text(os.path.join(output_dir, "results.md"), text)
     log(text)
-    return {"results": results, "comparisons": comparisons, "summary": summary, "json": doc}
+    return {"results": results, "comparisons": comparisons, "summary": summary, "profile": profile, "json": doc}

@@ -71,10 +71,18 @@ def test_tiny_task_list_writes_every_file_with_tuned_baselines(evaluate_script, 
         doc["tasks"][t]["comparisons"]["learned vs adam"]["win_train"] for t in doc["tasks"])
     assert set(doc["summary"]) == {"learned vs adam", "learned vs sgdm"} and doc["cpu_seconds"] > 0
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "performance_profile.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for metric in ("ratio_train", "ratio_eval", "speedup", "velodrome_ratio"):
+        assert set(s["intervals"][metric]) == {"iqm", "ci_low", "ci_high"}
+    assert s["intervals"]["ratio_train"] == {"iqm": None, "ci_low": None, "ci_high": None}  # inf: as its IQM
+    profile = doc["performance_profile"]
+    assert profile["tasks"] == ["quadratic_dim4", "rosenbrock"] and profile["ratios"]["learned"][1] is None
+    assert min(r[0] for r in profile["ratios"].values()) == 1.0  # the best on a task has ratio 1
     md = (out / "results.md").read_text()
+    assert "IQM VeLOdrome steps / budget [95% CI]" in md and "**Performance profile**" in md
     assert "| learned vs adam | 2 |" in md and "| quadratic_dim4 | 10 | learned | — |" in md
     assert "| rosenbrock | 10 | sgdm |" in md and "**learned vs sgdm**" in md
-    assert "| rosenbrock | diverged |" in md and "| learned vs adam | 2 | " in md and "| inf | " in md
+    assert "| rosenbrock | diverged |" in md and "| learned vs adam | 2 | " in md and "| inf [inf, inf] | " in md
     # A second evaluation into the same directory is refused and leaves the first one's files as they were.
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     args = ["--theta", theta_path, "--task", "QuadraticFamily(dim=4)", "--num_steps", "5", "--num_seeds", "1",
@@ -106,6 +114,62 @@ def test_smoke_suite_brings_its_own_steps_and_seeds(evaluate_script, tmp_path):
             adam["initial_train"])  # tuned Adam trains every smoke task
     assert doc["summary"]["learned vs adam"]["num_tasks"] == 3
     assert "| learned vs adam | 3 |" in (out / "results.md").read_text()
+
+
+def test_muon_is_a_baseline_and_plots_can_be_left_out(evaluate_script, tmp_path):
+    out = tmp_path / "m"
+    task = "ImageMLPFamily(hidden_sizes=(8,), batch_size=16)"
+    res = evaluate_script.main(["--theta", _theta(tmp_path), "--task", task,
+                                "--num_steps", "12", "--num_seeds", "3", "--baselines", "muon", "--no_plots",
+                                "--gin_param", "evaluate.max_extensions = 0",
+                                "--gin_param", "evaluate.n_resamples = 300", "--output_dir", str(out)])
+    assert sorted(f.name for f in out.iterdir()) == ["curves.npz", "results.csv", "results.json", "results.md"]
+    doc = _strict_json(out / "results.json")
+    task = doc["tasks"]["image_mlp_family_digits_8"]
+    muon = task["optimizers"]["muon"]
+    assert len(muon["learning_rates"]) == 7 and muon["best_learning_rate"] in muon["learning_rates"]
+    assert doc["protocol"]["grid"] == {"muon": list(evaluation.default_lrs("muon"))}
+    c = task["comparisons"]["learned vs muon"]
+    assert c["ratio_train"] == pytest.approx(c["final_train"] / c["baseline_final_train"])
+    assert c["velodrome_steps"] is None or c["velodrome_ratio"] == pytest.approx(c["velodrome_steps"] / 12)
+    s = res["summary"]["learned vs muon"]
+    assert s["intervals"]["ratio_train"]["iqm"] == pytest.approx(c["ratio_train"])  # one task: its ratio
+    assert s["intervals"]["ratio_train"]["ci_low"] <= s["intervals"]["ratio_train"]["ci_high"]
+    assert "| learned vs muon | 1 |" in (out / "results.md").read_text()
+    assert "![performance profile]" not in (out / "results.md").read_text()
+
+
+def test_the_default_baselines_are_adam_adamw_muon_and_sgdm():
+    import inspect
+    assert inspect.signature(evaluation.evaluate).parameters["baselines"].default == ("adam", "adamw", "muon", "sgdm")
+    assert evaluation.DEFAULT_BASELINES == ("adam", "adamw", "muon", "sgdm")
+
+
+def test_a_task_declaring_its_trivial_loss_flags_a_collapsed_run(evaluate_script, tmp_path):
+    import tasks
+
+    class Declared(tasks.QuadraticFamily):  # a trivial loss no run gets 5% below: every run counts as collapsed
+        def task_fn(self, cfg):
+            task = super().task_fn(cfg)
+            task.trivial_loss = lambda: 1e-12
+            return task
+
+    assert evaluation.trivial_losses(Declared(dim=4), [0, 1]) == [1e-12, 1e-12]
+    assert evaluation.trivial_losses(tasks.QuadraticFamily(dim=4), [0, 1]) is None
+    res = evaluation.evaluate(str(tmp_path / "e"), optimizers=[_theta(tmp_path)], tasks=[Declared(dim=4)],
+                              num_steps=10, num_seeds=2, baselines=["adam"], max_extensions=0, n_resamples=200,
+                              plots=False, log=None)
+    c = res["comparisons"]["learned vs adam"]["quadratic_dim4"]
+    assert c["collapsed"] and c["trivial_loss"] == 1e-12 and c["below_initial"]  # the old check would pass it
+    assert res["summary"]["learned vs adam"]["collapsed"] == ["quadratic_dim4"]
+    md = (tmp_path / "e" / "results.md").read_text()
+    assert "(collapsed)" in md and "| quadratic_dim4 |" in md
+    doc = evaluation.stress_test(str(tmp_path / "s"), stress_steps=20, optimizers=[_theta(tmp_path)],
+                                 tasks=[Declared(dim=4)], num_seeds=2, log=None)
+    st = doc["tasks"]["quadratic_dim4"]["learned"]
+    assert st["collapsed"] == [True, True] and st["ok"] == [False, False] and not doc["all_ok"]
+    assert all(f < i for f, i in zip(st["final"], st["initial"]))
+    assert "**collapsed**" in (tmp_path / "s" / "stress.md").read_text()
 
 
 def test_pretrained_optimizers_are_loaded_with_the_task_horizon(evaluate_script, tmp_path, monkeypatch):

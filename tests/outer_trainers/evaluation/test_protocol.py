@@ -67,13 +67,16 @@ def test_iqm_drops_a_quarter_at_each_end():
 
 def test_summarize_counts_wins_and_lists_diverged_tasks():
     comps = {"a": {"win_train": True, "win_eval": False, "win_speed": True, "ratio_train": 0.5, "ratio_eval": 1.2,
-                   "speedup": 2.0, "diverged": False, "below_initial": True},
+                   "speedup": 2.0, "velodrome_ratio": math.inf, "diverged": False, "below_initial": True,
+                   "collapsed": False},
              "b": {"win_train": False, "win_eval": False, "win_speed": False, "ratio_train": math.inf,
-                   "ratio_eval": math.inf, "speedup": 0.0, "diverged": True, "below_initial": False}}
+                   "ratio_eval": math.inf, "speedup": 0.0, "velodrome_ratio": 0.0, "diverged": True,
+                   "below_initial": False, "collapsed": False}}
     s = protocol.summarize(comps)
     assert (s["num_tasks"], s["wins_train"], s["wins_eval"], s["wins_speed"]) == (2, 1, 0, 1)
-    assert s["iqm_ratio_train"] == math.inf and s["iqm_speedup"] == 1.0
-    assert s["diverged"] == ["b"] and s["not_below_initial"] == ["b"]
+    assert s["iqm_ratio_train"] == math.inf and s["iqm_speedup"] == 1.0 and s["iqm_velodrome"] == math.inf
+    assert s["diverged"] == ["b"] and s["not_below_initial"] == ["b"] and s["collapsed"] == []
+    assert s["velodrome_beyond_budget"] == ["a"]
 
 
 def test_batched_learning_rates_equal_separate_runs():
@@ -109,10 +112,12 @@ def test_the_grid_is_extended_past_an_edge_holding_the_best_rate(compile_counter
 
 
 def test_baselines_and_default_grids():
-    assert protocol.baseline_names() == ["adam", "adamw", "sgdm"]
+    assert protocol.baseline_names() == ["adam", "adamw", "muon", "sgdm"]
     np.testing.assert_allclose(protocol.default_lrs("adam"), np.logspace(-4, -1, 7))
     np.testing.assert_allclose(protocol.default_lrs("sgdm"), np.logspace(-3, 0, 7))
-    with pytest.raises(ValueError, match=r"unknown baseline 'rmsprop'; the baselines are \['adam', 'adamw', 'sgdm'\]"):
+    np.testing.assert_allclose(protocol.default_lrs("muon"), np.logspace(-3, 0, 7))
+    with pytest.raises(ValueError, match=r"unknown baseline 'rmsprop'; the baselines are \['adam', 'adamw', 'muon', "
+                                         r"'sgdm'\]"):
         protocol.baseline("rmsprop")
     params = {"w": jnp.ones(3)}
     grads = {"w": jnp.full(3, 2.0)}
