@@ -165,6 +165,19 @@ def _describe(got: Any, want: Any) -> str:
     return f"saved {got!r}, here {want!r}"
 
 
+def meta_differences(saved: dict, expect: dict) -> list[str]:
+    """What differs between a checkpoint's metadata and what a run requires, one phrase per key.
+
+    Args:
+        saved: the checkpoint's metadata.
+        expect: the metadata the run requires.
+
+    Returns:
+        "key (how it differs)" for every key of `expect` whose saved value differs, in `expect`'s order.
+    """
+    return [f"{k} ({_describe(saved.get(k), want)})" for k, want in expect.items() if saved.get(k) != want]
+
+
 def check_meta(path: str, saved: dict, expect: dict) -> None:
     """Checks a checkpoint's metadata against what this run requires.
 
@@ -176,7 +189,7 @@ def check_meta(path: str, saved: dict, expect: dict) -> None:
     Raises:
         ValueError: naming every key of `expect` whose saved value differs, and how.
     """
-    diffs = [f"{k} ({_describe(saved.get(k), want)})" for k, want in expect.items() if saved.get(k) != want]
+    diffs = meta_differences(saved, expect)
     if diffs:
         raise ValueError(f"checkpoint {path} does not match this run: " + " | ".join(diffs) +
                          ". Resume with the same learned optimizer and config, or use a new output_dir.")
