@@ -26,9 +26,13 @@ at its exact step. With `output_dir`:
     checkpoints/    TrainState + the loss, grad-norm and evaluation histories (outer_trainers.runs.checkpoint_manager)
 
 Re-running with the same `output_dir` resumes from the newest complete checkpoint: the result,
-EMA and evaluation history included, is bit-identical to an uninterrupted run. The pieces are the
-outer loop's: `RunCheckpoints` and `CheckpointPolicy` (rolling every N steps / T seconds keeping
-the last k, permanent at given steps or every M, best by a logged metric), `MetricsLog`, `Progress`.
+EMA and evaluation history included, is bit-identical to an uninterrupted run. A resume with
+another `num_steps` is refused unless `extend=True`, which trains a finished or interrupted run
+further (to at least the steps it has taken) and records it in the run's config history;
+`train_resume` says what happens to the optimizer's schedule, the evaluations and the histories.
+The pieces are the outer loop's: `RunCheckpoints` and `CheckpointPolicy` (rolling every N steps / T
+seconds keeping the last k, permanent at given steps or every M, best by a logged metric),
+`MetricsLog`, `Progress`.
 """
 from __future__ import annotations
 
@@ -45,15 +49,15 @@ import optax
 from outer_trainers.runs.background_checkpoints import BackgroundCheckpointManager
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.reporting import RunTotals
-from outer_trainers.runs.run_checkpoints import CHECKPOINT_DIR, RunCheckpoints
-from outer_trainers.runs.summaries import METRICS_FILE, TB_DIR, MetricsLog, Progress
+from outer_trainers.runs.summaries import MetricsLog, Progress
 from outer_trainers.training.train_eval import EMA_PREFIX, EVAL_PREFIX, Evaluation
+from outer_trainers.training.train_resume import (extended_history, initial_tree, saved_structure,
+                                                  training_checkpoints)
 from outer_trainers.training.train_setup import (TRAIN_KEYS, Callback, LoopOptions, RunFiles, TrainingSetup,
                                                  prepare_training)
-from outer_trainers.training.train_state import TrainState, init_train_state, train_step
+from outer_trainers.training.train_state import TrainState, train_step
 
 logger = logging.getLogger("outer_trainers")
-TRAIN_RESULTS = (METRICS_FILE, TB_DIR, CHECKPOINT_DIR)  # what a run leaves in output_dir (never silently replaced)
 TRAIN_PROGRESS_FIELDS = (("loss", "train/loss"), ("steps/s", "train/steps_per_s"),
                          ("examples/s", "train/examples_per_s"))
 
@@ -119,7 +123,7 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
                resume: bool = True, overwrite: bool = False, log_every: int = 100, progress: Union[bool, str] = False,
                tensorboard: bool = True, callbacks: Sequence[Callback] = (), yield_every: Optional[int] = None,
                chunk_size: int = 100, devices: Optional[Sequence[jax.Device]] = None,
-               config: Optional[dict] = None) -> Generator[TrainState, None, TrainResult]:
+               config: Optional[dict] = None, extend: bool = False) -> Generator[TrainState, None, TrainResult]:
     """Trains a model for `num_steps` steps of `optimizer`, yielding the TrainState every `yield_every` steps.
 
     Returns a generator: `for state in train_loop(...)` sees the state at steps k · yield_every and at
@@ -132,7 +136,8 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
     Args:
         task_or_model: a tasks.Task, or a flax linen Module, nnx constructor or haiku function (with `loss_fn`, `data`).
         optimizer: any optax transform; a learned optimizer's (GradientTransformationExtraArgs) gets `loss=`.
-        num_steps: training steps (>= 0); a resumed run trains up to it.
+        num_steps: training steps (>= 0); a resumed run trains up to it (another length than the checkpoint's
+            needs `extend`).
         loss_fn: the model's loss `loss_fn(outputs, batch) -> scalar` (models only).
         data: the DataSource (default: the task's own).
         seed: seed of the run's key (when `key` is None).
@@ -163,6 +168,13 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
         chunk_size: the most steps per jitted chunk.
         devices: devices for data parallelism (default: all local).
         config: JSON-able run configuration stored in checkpoints; it must match on resume.
+        extend: train the run in `output_dir` further: resume its checkpoint, written by a run of another
+            `num_steps` (finished or interrupted), and continue to `num_steps` (at least the steps it has
+            taken; fewer is refused, changing nothing). Pass `optimizer` built for the new horizon: the
+            optimizer state continues, and a schedule over num_steps gives the new horizon's values from
+            the checkpoint's step on (`train_resume` for the rule, the evaluations and the histories).
+            Recorded in the checkpoints' config history (`runs.run_checkpoints.config_history`). Without it
+            such a resume is refused ("does not match this run: num_steps").
 
     Returns:
         A generator of TrainStates that returns the TrainResult.
@@ -173,7 +185,7 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
     options = LoopOptions(log_every=log_every, chunk_size=chunk_size, yield_every=yield_every, progress=progress,
                           tensorboard=tensorboard, callbacks=tuple(callbacks))
     files = RunFiles(output_dir=output_dir, policy=checkpoint_policy, checkpoint_dir=checkpoint_dir, resume=resume,
-                     overwrite=overwrite, config=config)
+                     overwrite=overwrite, config=config, extend=extend)
     setup = prepare_training(task_or_model, optimizer, num_steps, key=jax.random.key(seed) if key is None else key,
                              loss_fn=loss_fn, data=data, ema_decay=ema_decay, ema_warmup_steps=ema_warmup_steps,
                              evals=evals, eval_every=eval_every, eval_at=eval_at, eval_split=eval_split,
@@ -192,12 +204,13 @@ def run_training(setup: TrainingSetup) -> Generator[TrainState, None, TrainResul
         returns the TrainResult.
     """
     files, options, num_steps = setup.files, setup.options, setup.num_steps
-    run = RunCheckpoints(files.output_dir, files.policy, setup.checkpoint_meta(), results=TRAIN_RESULTS,
-                         checkpoint_dir=files.checkpoint_dir,
-                         manager_factory=BackgroundCheckpointManager)  # writes in a background thread
-    tree, totals = run.restore_or_init(jax.jit(lambda k: _initial(setup, k)), setup.init_key, resume=files.resume,
-                                       overwrite=files.overwrite)
+    run = training_checkpoints(setup, BackgroundCheckpointManager)  # writes in a background thread
+    tree, totals = run.restore_or_init(jax.jit(lambda k: initial_tree(setup, k)), setup.init_key, resume=files.resume,
+                                       overwrite=files.overwrite, extend=files.extend,
+                                       structure_for=lambda _, meta: saved_structure(setup, meta))
     state, history = tree["state"], jax.tree_util.tree_map(np.array, tree["history"])
+    if run.extension is not None:  # histories laid out for the checkpoint's length: lay them out for this one
+        history = extended_history(history, run.resumed_meta, int(state.step), setup)
     if setup.replicated is not None:
         state = jax.device_put(state, setup.replicated)
     start = int(state.step)
@@ -238,16 +251,6 @@ def run_training(setup: TrainingSetup) -> Generator[TrainState, None, TrainResul
         if run.manager is not None:
             run.manager.close()
     return _result(setup, state, history)
-
-
-def _initial(setup: TrainingSetup, key: jax.Array) -> dict:
-    """A new run's checkpointed tree: the initial TrainState and empty (NaN) histories."""
-    state = init_train_state(setup.task, setup.optimizer, key, ema=setup.ema_decay is not None,
-                             step_key=setup.step_key)
-    num_evals = len(setup.eval_steps)
-    history = {"train": {k: np.full((setup.num_steps,), np.nan, np.float32) for k in TRAIN_KEYS},
-               "eval": {name: np.full((num_evals,), np.nan, np.float32) for name in setup.eval_names}}
-    return {"state": state, "history": history}
 
 
 def _chunk(setup: TrainingSetup, state: TrainState, data: Any, n: jax.Array) -> tuple[TrainState, dict]:

@@ -34,7 +34,12 @@ def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num
     """Trains a model for `num_steps` steps of `optimizer` (any optax transform; learned ones get `loss=`).
 
     `train_loop` run to the end. With `checkpoint_dir` (or `output_dir`), a re-run resumes from the
-    newest checkpoint and gives the same result as an uninterrupted run.
+    newest checkpoint and gives the same result as an uninterrupted run. A finished (or interrupted)
+    run is trained further by calling again with a larger `num_steps` and `extend=True` (without it
+    that resume is refused): the state continues from the checkpoint, and `optimizer` should be built
+    for the new horizon — with a constant-rate optimizer the result equals a run started with the
+    larger `num_steps`; with a schedule over num_steps, the steps already taken keep the old
+    horizon's values and the later ones get the new horizon's (`outer_trainers.training.train_resume`).
 
     Args:
         task_or_model: a tasks.Task, or a model for `as_task` (with `loss_fn` and `data`).
@@ -54,8 +59,8 @@ def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num
         keep: rolling checkpoints kept, when no `checkpoint_policy` is given.
         devices: devices for data parallelism (default: all local).
         **loop_options: `train_loop`'s other keyword arguments (evals, eval_every, eval_at, metrics, output_dir,
-            checkpoint_policy, resume, overwrite, log_every, progress, tensorboard, callbacks, ema_warmup_steps,
-            config).
+            checkpoint_policy, resume, overwrite, extend, log_every, progress, tensorboard, callbacks,
+            ema_warmup_steps, config).
 
     Returns:
         A TrainResult.

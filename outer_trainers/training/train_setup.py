@@ -76,6 +76,7 @@ class RunFiles:
         resume: continue from the newest checkpoint, which must match this run.
         overwrite: start a new run, deleting a previous run's results first.
         config: JSON-able run configuration stored in checkpoints; it must match on resume.
+        extend: a resumed run may continue to this run's num_steps from another (see `train_resume`).
     """
 
     output_dir: Optional[str] = None
@@ -84,10 +85,14 @@ class RunFiles:
     resume: bool = True
     overwrite: bool = False
     config: Optional[dict] = None
+    extend: bool = False
 
     def __post_init__(self):
         if self.policy is None:
             object.__setattr__(self, "policy", CheckpointPolicy())
+        if self.extend and (self.overwrite or not self.resume):
+            raise ValueError("extend=True trains an existing run further: it cannot be combined with "
+                             f"{'overwrite=True' if self.overwrite else 'resume=False'}, which start a new run")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -138,7 +143,8 @@ class TrainingSetup:
         return 1 if self.sharding is None else self.sharding.mesh.size
 
     def checkpoint_meta(self) -> dict:
-        """The metadata stored in the run's checkpoints, which a resumed run must match.
+        """The metadata stored in the run's checkpoints, which a resumed run must match ("num_steps" and
+        "eval_steps" may differ with `files.extend`).
 
         Returns:
             {"kind", "task", "num_steps", "ema", "eval_metrics", "eval_steps"} and "config" when given.
