@@ -7,11 +7,18 @@
 Writes metrics.jsonl, tb/ (TensorBoard), checkpoints/, theta_final.msgpack, config.gin (the
 operative config, written once the run has started or resumed) and, when `train.eval_num_tasks > 0`,
 comparison.md (learned optimizer vs Adam on held-out tasks). Re-running the same command with the
-same --output_dir resumes from the newest readable checkpoint; changing a binding other than run
-length, logging, evaluation or checkpoint options (RESUME_SAFE) makes the resume fail with the
-differing bindings named, leaving the directory as it was. A new run (no readable checkpoint, or
-`train.resume = False`) never starts over an earlier run's results: it fails listing them, unless
---overwrite (or `train.overwrite = True`) is given, which deletes them (SCRIPT_RESULTS) first.
+same --output_dir resumes from the newest readable checkpoint; changing a binding other than
+logging, evaluation or checkpoint options (RESUME_SAFE) makes the resume fail with the differing
+bindings named, leaving the directory as it was. To train a finished (or interrupted) run further,
+re-run it with a larger `train.num_steps`, best with --extend (or `train.extend = True`): the run
+continues from its checkpoint and the extension is recorded in the checkpoints' config history
+(`outer_trainers.runs.run_checkpoints.config_history`; what continues how: `outer_trainers.outer_train`).
+With --extend a `train.num_steps` below the steps already taken is refused, and horizon bindings
+(`*.num_steps`, `*.decay_steps`, `*.transition_steps`, e.g. an outer learning-rate schedule's) may
+change with the length; without it they must match.
+A new run (no readable checkpoint, or `train.resume = False`) never starts over an earlier run's
+results: it fails listing them, unless --overwrite (or `train.overwrite = True`) is given, which
+deletes them (SCRIPT_RESULTS) first.
 
 Many machines (Ray): `--gin_param 'train.num_workers = 8'` meta-trains with 8 Ray worker actors
 (`outer_trainers.ray_outer_train`), on the cluster at `--ray_address` (e.g. `auto` after
@@ -47,6 +54,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--output_dir", required=True, help="where metrics, theta and reports go")
     p.add_argument("--overwrite", action="store_true",
                    help="start a new run even where output_dir holds one, deleting its results first")
+    p.add_argument("--extend", action="store_true",
+                   help="train the run in output_dir further, to train.num_steps (more than it was run for)")
     p.add_argument("--ray_address", default=None,
                    help="meta-train on this Ray cluster ('auto', or the head node's host:port) with "
                         "train.num_workers workers (default 1 with an address; without one, num_workers > 0 "
@@ -74,6 +83,8 @@ def main(argv: Optional[Sequence[str]] = None) -> ot.OuterTrainState:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config_str = gin.config_str()
     options = {"overwrite": True} if args.overwrite else {}  # else train.overwrite's binding (default False)
+    if args.extend:
+        options["extend"] = True  # else train.extend's binding (default False)
     if args.ray_address is not None:
         options["ray_address"] = args.ray_address
         if _bound_workers() < 1:

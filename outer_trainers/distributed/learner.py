@@ -7,9 +7,8 @@ picklable (a module-level function or `functools.partial` of one, or scripts/out
 gin-config factory): each worker calls it to build its own estimators. The learner (the calling
 process) owns theta, the outer optimizer state, the step, checkpoints and summaries, and applies
 updates with `GradientLearner.update`, reporting with `Reporter` and saving with `RunCheckpoints`
-exactly as `outer_train` does (same files, resume rules, progress display, divergence stop).
-
-Worker w owns the estimators i with i % num_workers == w (`assign_estimators`).
+exactly as `outer_train` does (same files, resume and extension rules, progress display, divergence
+stop). Worker w owns the estimators i with i % num_workers == w (`assign_estimators`).
 
 Synchronous mode (`max_staleness=0`, `num_estimates_per_step=None`): every outer step sends the
 current theta and, per estimator, the key `outer_train` would give it (the step's
@@ -118,13 +117,13 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
                     ray_address: Optional[str] = None, num_cpus: Optional[int] = None,
                     worker_threads: Optional[int] = 1, actor_options: Optional[Sequence[Optional[dict]]] = None,
                     max_restarts: int = -1,
-                    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> OuterTrainState:
+                    stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S, extend: bool = False) -> OuterTrainState:
     """Meta-trains theta with Ray worker actors and returns the learner's final state (see the module docstring).
 
     Args:
         make_run: picklable `make_run() -> (GradientLearner, [GradientEstimator, ...])`, called here and on
             every worker.
-        num_steps: outer steps in total (a resumed run trains up to it).
+        num_steps: outer steps in total (a resumed run trains up to it; see `outer_train` on extending).
         num_workers: N worker actors (1 <= N <= the number of estimators).
         max_staleness: the most updates an estimate's theta may lag behind the current theta to be applied.
         num_estimates_per_step: estimates per update in asynchronous mode (default: the number of estimators);
@@ -154,6 +153,7 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
         actor_options: per worker, extra Ray actor options (e.g. `resources` or a `scheduling_strategy`).
         max_restarts: how often Ray may restart each worker actor (-1: without limit).
         stall_timeout_s: give up (RuntimeError) when no worker answers for this long.
+        extend: train the run in `output_dir` further, to another `num_steps` (as `outer_train`'s `extend`).
 
     Returns:
         The learner's OuterTrainState after the last step (`estimator_states=()`: the particles live on the
@@ -185,14 +185,15 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
     if make_evaluator is None and policy.best_metric and (eval_every_steps or eval_every_seconds):
         raise ValueError("eval_every_steps / eval_every_seconds need make_evaluator")
 
-    run = RunCheckpoints(output_dir, policy, run_metadata(learner, estimators, config))
-    run.check_start(resume=resume, overwrite=overwrite)  # refuse before starting Ray or writing anything
+    run = RunCheckpoints(output_dir, policy, dict(run_metadata(learner, estimators, config), num_steps=num_steps),
+                         fixed_length=False)
+    run.check_start(resume=resume, overwrite=overwrite, extend=extend)  # refuse before Ray starts or a write
     started = connect_ray(ray_address, num_cpus=num_cpus)
     ray = import_ray()
     pool = evals = None
     try:
         state, totals = run.restore_or_init(lambda k: init_learner_state(learner, K, k), jax.random.key(seed),
-                                            resume=resume, overwrite=overwrite)
+                                            resume=resume, overwrite=overwrite, extend=extend)
         env = worker_runtime_env(worker_threads)
         pool = WorkerPool(make_run, assignment, actor_options=actor_options, runtime_env=env,
                           max_restarts=max_restarts)

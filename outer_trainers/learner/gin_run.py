@@ -37,11 +37,11 @@ from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED
 from outer_trainers.steps.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
 
-# Bindings that may change between a run and its resumption (length, logging, evaluation, saving, workers):
-# every other binding must match the checkpoint's.
+# Bindings left out of the config a resume compares (logging, evaluation, saving, workers; and the length, which
+# the checkpoints record as num_steps, changed only with train.extend): every other binding must match.
 RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.progress", "train.log_every",
-               "train.tensorboard", "train.resume", "train.overwrite", "train.eval_", "train.meta_eval_",
-               "train.checkpoint", "train.keep_", "train.permanent_", "train.best_", "train.num_workers",
+               "train.tensorboard", "train.resume", "train.overwrite", "train.extend", "train.eval_",
+               "train.meta_eval_", "train.checkpoint", "train.keep_", "train.permanent_", "train.best_", "train.num_workers",
                "train.max_staleness", "train.num_estimates_per_step")
 # the arguments of `train` that describe the run's learner and estimators (what `GinRun` rebuilds on a worker)
 RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split")
@@ -126,7 +126,8 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
           eval_num_tasks: int = 0, eval_num_steps: int = 200,
           eval_adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
           progress: Union[bool, str] = True, log_every: int = 1, tensorboard: bool = True, resume: bool = True,
-          overwrite: bool = False, max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
+          overwrite: bool = False, extend: bool = False,
+          max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
           checkpoint_every_steps: Optional[int] = None, checkpoint_every_seconds: Optional[float] = 600.0,
           keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (),
           permanent_checkpoint_every: Optional[int] = None,
@@ -166,6 +167,12 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       resume: continue from the newest readable checkpoint in `output_dir`; False starts a new run (refused
         where `output_dir` holds results, unless `overwrite`).
       overwrite: start a new run, first deleting the results (SCRIPT_RESULTS) of any run in `output_dir`.
+      extend: train the run in `output_dir` further, explicitly: a `num_steps` below the steps it has taken
+        is refused, and horizon bindings (`runs.run_extension.is_horizon_binding`, e.g. an outer
+        learning-rate schedule's `decay_steps`) may change with the length; everything else must match.
+        (A larger `num_steps` alone resumes a finished run further without it too: meta-training's length
+        is resume-safe.) The state continues from the checkpoint (`outer_trainers.outer_train` says how
+        each schedule continues) and the extension is recorded in the checkpoints' config history.
       max_consecutive_dropped: stop with `outer_trainers.MetaTrainingDiverged` after this many outer steps in
         a row that applied no estimate (every estimate non-finite or without a valid inner step); None: never.
       checkpoint_every_steps: outer steps between checkpoints (None: not by steps).
@@ -211,10 +218,10 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
                                  best_metric=best_metric if meta_eval_every > 0 else None,
                                  best_mode=best_mode, keep_best=keep_best)
     run, starts_new = check_output_dir(output_dir, policy, run_metadata(learner, ests, config), resume=resume,
-                                       overwrite=overwrite)
+                                       overwrite=overwrite, extend=extend, num_steps=num_steps)
     loop_options = dict(output_dir=output_dir, seed=seed, progress=progress, log_every=log_every,
-                        checkpoint_policy=policy, resume=resume, tensorboard=tensorboard, config=config,
-                        max_consecutive_dropped=max_consecutive_dropped)
+                        checkpoint_policy=policy, resume=resume, extend=extend, tensorboard=tensorboard,
+                        config=config, max_consecutive_dropped=max_consecutive_dropped)
     # a bad Ray address fails here, before the first write
     with ray_connection(ray_address) if on_ray else contextlib.nullcontext():
         prepare_output_dir(run, starts_new=starts_new, overwrite=overwrite, config_text=config_text)

@@ -3,7 +3,8 @@
     check_run_arguments(eval_num_tasks=..., eval_num_steps=..., eval_adam_lrs=..., num_workers=...)
     learner, estimators = build_run(task_family=..., ..., copies=worker_copies(num_workers, n))
     run, starts_new = check_output_dir(output_dir, policy, run_metadata(learner, estimators, config),
-                                       resume=resume, overwrite=overwrite)     # reads, writes nothing
+                                       resume=resume, overwrite=overwrite, extend=extend,
+                                       num_steps=num_steps)                      # reads, writes nothing
     with ray_connection(address):                       # only with Ray workers: fails fast, writes nothing
         prepare_output_dir(run, starts_new=starts_new, overwrite=overwrite, config_text=text)
         state = meta_train_locally(learner, estimators, num_steps, ...)   # or meta_train_on_ray(make_run, ...)
@@ -12,9 +13,12 @@
 The output-directory policy: a directory holds one run. `check_output_dir` decides, without
 writing, whether the run resumes from the newest readable checkpoint or starts new, and refuses
 (`ExistingRunError`) a new run over another run's results (`SCRIPT_RESULTS`) unless `overwrite`;
-a resume whose learner, estimators or config differ from the checkpoint's is refused too. Only
-then does `prepare_output_dir` write: it deletes the earlier results when overwriting and writes
-the run's config (config.gin). So every refusal leaves the directory as it was.
+a resume whose learner, estimators or config differ from the checkpoint's is refused too. A
+resume may change the length (`num_steps`, recorded in the checkpoints): the run is trained
+further and the extension recorded; with `extend` a length below the steps taken is refused and
+the horizon bindings may change too (`runs.run_extension`). Only then does `prepare_output_dir`
+write: it deletes the earlier results when overwriting and writes the run's config (config.gin).
+So every refusal leaves the directory as it was.
 
 Each step is a plain function of objects (no gin); `learner.gin_run.train` composes them as the
 gin-configurable `train` of scripts/outer_train.py. This module uses the package's public API
@@ -122,7 +126,8 @@ def make_meta_evaluator(learned_opt: LearnedOptimizer, task_family: TaskFamily, 
 
 
 def check_output_dir(output_dir: str, policy: ot.CheckpointPolicy, metadata: dict, *, resume: bool,
-                     overwrite: bool) -> tuple[RunCheckpoints, bool]:
+                     overwrite: bool, extend: bool = False,
+                     num_steps: Optional[int] = None) -> tuple[RunCheckpoints, bool]:
     """Decides whether the run may resume or start in `output_dir`, writing nothing (the module's policy).
 
     Args:
@@ -131,6 +136,10 @@ def check_output_dir(output_dir: str, policy: ot.CheckpointPolicy, metadata: dic
       metadata: what a resumed checkpoint must match (`learner.run_records.run_metadata`).
       resume: continue from the newest readable checkpoint; False starts a new run.
       overwrite: a new run may replace the results (`SCRIPT_RESULTS`) of an earlier run.
+      extend: the run is trained further explicitly (see `outer_trainers.outer_train`): a `num_steps` below
+        the steps taken is refused, horizon bindings in the config may change.
+      num_steps: the run's length in outer steps, recorded in `metadata` as the loop records it (None: left
+        out, so the check ignores the length).
 
     Returns:
       (run, starts_new): the directory's RunCheckpoints, and whether the run starts new (True) or
@@ -138,10 +147,12 @@ def check_output_dir(output_dir: str, policy: ot.CheckpointPolicy, metadata: dic
 
     Raises:
       ExistingRunError: a new run over an earlier run's results without `overwrite`.
-      ValueError: the newest checkpoint belongs to a different run (the differences named).
+      ValueError: the newest checkpoint belongs to a different run (the differences named), or `extend`
+        asks for fewer steps than the run has taken.
     """
-    run = RunCheckpoints(output_dir, policy, metadata, results=SCRIPT_RESULTS)
-    return run, run.check_start(resume=resume, overwrite=overwrite) is None
+    meta = metadata if num_steps is None else dict(metadata, num_steps=num_steps)
+    run = RunCheckpoints(output_dir, policy, meta, results=SCRIPT_RESULTS, fixed_length=False)
+    return run, run.check_start(resume=resume, overwrite=overwrite, extend=extend) is None
 
 
 def prepare_output_dir(run: RunCheckpoints, *, starts_new: bool, overwrite: bool,
@@ -176,7 +187,7 @@ def meta_train_locally(learner: ot.GradientLearner, estimators: Sequence[ot.Grad
       meta_evaluator: the periodic meta-evaluation (None: none).
       eval_every: outer steps between meta-evaluations (0: none).
       **loop_options: the other options of `outer_train` (output_dir, seed, progress, log_every,
-        checkpoint_policy, resume, tensorboard, config, max_consecutive_dropped, ...).
+        checkpoint_policy, resume, extend, tensorboard, config, max_consecutive_dropped, ...).
 
     Returns:
       the final OuterTrainState.
@@ -200,7 +211,7 @@ def meta_train_on_ray(make_run: Callable[[], tuple], num_steps: int, *, num_work
       make_evaluator: a picklable factory of the meta-evaluation, run in an evaluation actor (None: none).
       eval_every: outer steps between meta-evaluations (0: none).
       **loop_options: the other options of `ray_outer_train` (output_dir, seed, progress, log_every,
-        checkpoint_policy, resume, tensorboard, config, max_consecutive_dropped, max_staleness,
+        checkpoint_policy, resume, extend, tensorboard, config, max_consecutive_dropped, max_staleness,
         num_estimates_per_step, ray_address, ...).
 
     Returns:

@@ -17,6 +17,28 @@ With `output_dir`:
 Re-running with the same `output_dir` resumes from the newest readable checkpoint and trains
 until `num_steps` outer steps in total; the result is bit-identical to an uninterrupted run.
 Passing `state=` instead continues that state for `num_steps` more steps.
+
+Training further: the checkpoints record the run's length, and a resume with a larger
+`num_steps` trains a finished or interrupted run further, as it always has, recording the
+extension (from, to, at which step, when) in the run's config history (`runs.run_extension`,
+`runs.run_checkpoints.config_history`). `extend=True` says so explicitly: then a `num_steps` below
+the steps already taken is refused (without it: a warning, and nothing is trained), and the
+horizon bindings of a gin `config` (an outer schedule's `decay_steps`, ...) may change too. What
+continues, and how:
+
+- the OuterTrainState (theta, the outer optimizer's state, every particle's inner state and
+  truncation, the key, the step) as the checkpoint holds it. Nothing of the loop depends on
+  num_steps: truncation schedules, an EstimatorSchedule's periods, meta-evaluation and
+  checkpoint steps count outer iterations. With an outer optimizer without a horizon (a constant
+  learning rate) the extended run is bit-identical to a run started with the new `num_steps`;
+- the outer optimizer is the `learner` given now. Its optax state keeps a step count but no
+  horizon, so a learning-rate schedule over the run's length (e.g. `optax.cosine_decay_schedule`
+  with `decay_steps` = num_steps) follows whatever horizon the transform is built with: rebuilt
+  for the new length, the steps after the checkpoint take the new schedule's values at their
+  step (a schedule that had decayed to its end steps back up to the new one's value there); left
+  as it was, the schedule stays at its end value;
+- the learned optimizer's own horizon (`opt_fn(theta, num_steps=...)`) is that of the inner
+  problems (the truncation schedule), not the outer length: extension does not change it.
 """
 from __future__ import annotations
 
@@ -146,11 +168,11 @@ def _check_arguments(num_steps: int, log_every: int, policy: Optional[Checkpoint
 
 def _restore_or_init(run: RunCheckpoints, learner: GradientLearner,
                      estimators_of_state: Callable[[int], Sequence[GradientEstimator]], seed: int,
-                     resume: bool, overwrite: bool) -> tuple[OuterTrainState, RunTotals]:
+                     resume: bool, overwrite: bool, extend: bool) -> tuple[OuterTrainState, RunTotals]:
     """The newest checkpoint's state (built for the estimators that wrote it), or a new run's state."""
     key = jax.random.key(seed)
     init_at = lambda steps: functools.partial(init_outer_state, learner, estimators_of_state(steps))
-    return run.restore_or_init(init_at(0), key, resume=resume, overwrite=overwrite,
+    return run.restore_or_init(init_at(0), key, resume=resume, overwrite=overwrite, extend=extend,
                                structure_at=lambda steps: jax.eval_shape(init_at(steps), key))
 
 
@@ -162,14 +184,16 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
                 checkpoint_policy: Optional[CheckpointPolicy] = None, resume: bool = True, overwrite: bool = False,
                 meta_evaluator: Optional[Callable[[Any], dict]] = None, eval_every: int = 0,
                 tensorboard: bool = True, config: Optional[dict] = None,
-                max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED) -> OuterTrainState:
+                max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
+                extend: bool = False) -> OuterTrainState:
     """Meta-trains theta and returns the final OuterTrainState (`.theta`).
 
     Args:
         learner: the GradientLearner (learned optimizer and outer optimizer).
         estimators: the GradientEstimators every outer step asks for an estimate, or an EstimatorSchedule
             (new estimators, with fresh states at the current theta, every `every` steps).
-        num_steps: without `state`: outer steps in total (a resumed run trains up to it); with `state`: more steps.
+        num_steps: without `state`: outer steps in total (a resumed run trains up to it, recording a change of
+            length in its config history); with `state`: more steps.
         output_dir: where metrics.jsonl, tb/, checkpoints/ and theta_final.msgpack go (None: nowhere).
         seed: the run's seed (for a new run).
         weights: one weight per estimator for the learner's average (default: equal).
@@ -192,6 +216,10 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         max_consecutive_dropped: stop with MetaTrainingDiverged after this many outer steps in a row in which
             every estimate was dropped (non-finite, or without a valid inner step) and so nothing was applied;
             the count survives a resume. None: never stop.
+        extend: train the run in `output_dir` further, explicitly: continue its checkpoint (finished or
+            interrupted) to `num_steps`, which must be at least the steps it has taken (fewer is refused,
+            changing nothing on disk), and let the horizon bindings of a gin `config` change with the length
+            (`runs.run_extension`). What continues and how: the module docstring.
 
     Returns:
         The OuterTrainState after the last step.
@@ -201,6 +229,9 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
             step is logged; checkpoints written before it stay, theta_final.msgpack is not written).
         ValueError, TypeError: a bad argument (before anything is restored, written or run).
     """
+    if extend and state is not None:
+        raise ValueError("extend=True trains the run in output_dir further; with state= there is nothing to "
+                         "resume (num_steps already counts more steps)")
     fixed = None if isinstance(estimators, EstimatorSchedule) else list(estimators)
     _check_arguments(num_steps, log_every, checkpoint_policy, meta_evaluator, eval_every, weights,
                      None if fixed is None else len(fixed), max_consecutive_dropped)
@@ -213,15 +244,15 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
             raise ValueError("outer_train needs at least one GradientEstimator")
         estimators_of_state = lambda steps: fixed
         meta = run_metadata(learner, fixed, config)
-    run = RunCheckpoints(output_dir, checkpoint_policy, meta)
+    target = num_steps if state is None else state.step + num_steps
+    run = RunCheckpoints(output_dir, checkpoint_policy, dict(meta, num_steps=target), fixed_length=False)
 
     if state is None:
-        target = num_steps
-        state, totals = _restore_or_init(run, learner, estimators_of_state, seed, resume, overwrite)
-        if state.step > target:
+        state, totals = _restore_or_init(run, learner, estimators_of_state, seed, resume, overwrite, extend)
+        if state.step > target:  # a checkpoint that records no length (written before runs recorded it)
             warnings.warn(f"the checkpoint in {output_dir} is at step {state.step}, past num_steps={target}")
     else:
-        target, totals = state.step + num_steps, RunTotals()
+        totals = RunTotals()
     start = state.step
     estimators = estimators_of_state(start)
     with Reporter(output_dir, start=start, target=target, progress=progress, log_every=log_every,
