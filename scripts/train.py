@@ -9,11 +9,22 @@ r"""Train one model with a meta-trained learned optimizer or an optax baseline, 
 The loop is `outer_trainers.training.train_loop` (the one behind `train_model`): evaluation every
 `fit.eval_every` steps on `fit.eval_splits`, EMA, rolling/permanent/best checkpoints written in the
 background, progress bar or log lines. Writes to --output_dir: metrics.jsonl, tb/ (TensorBoard),
-checkpoints/, config.gin (the operative config) and result.json (the mean train loss over the last
-10% of steps and the final evaluation metrics). Re-running the same command resumes from the
-newest checkpoint; changing a binding other than logging and checkpoint options (RESUME_SAFE)
-makes the resume fail with the differing bindings named. A new run refuses to start over another
-run's results unless `fit.overwrite = True`.
+checkpoints/, config.gin (the operative config, written once the run may start or resume) and
+result.json (the mean train loss over the last 10% of steps and the final evaluation metrics).
+Re-running the same command resumes from the newest checkpoint; changing a binding other than
+logging and checkpoint options (RESUME_SAFE) makes the resume fail with the differing bindings
+named, changing nothing on disk. A new run refuses to start over another run's results unless
+`fit.overwrite = True`.
+
+Training a finished (or interrupted) run further: re-run with a larger `fit.num_steps` and
+--extend (or `fit.extend = True`); without it the changed length is refused. With --extend the
+horizon bindings may change with it (`*.num_steps`, `*.decay_steps`, `*.transition_steps`):
+rebind `learned_optimizer.num_steps` (or an optax schedule's `decay_steps`) to the new length for
+the optimizer to continue with the new horizon; left as they were, it runs past its old horizon
+(a learned optimizer's progress features stay at 1, a decayed schedule at its end value). The
+state continues from the checkpoint; the steps already taken keep the old horizon's schedule
+(`outer_trainers.training.train_resume`), and the extension is recorded in the checkpoints'
+config history (`outer_trainers.runs.run_checkpoints.config_history`).
 """
 from __future__ import annotations
 
@@ -33,13 +44,16 @@ from lopt.file_io import atomic_write_bytes
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 # importing gin_registry registers the public API with gin
 from outer_trainers.gin_registry import gin_bindings, load_config
-from outer_trainers.training.train_loop import TrainResult, run_to_end, train_loop
+from outer_trainers.training.train_loop import TrainResult, run_to_end, run_training
+from outer_trainers.training.train_resume import check_training_start
+from outer_trainers.training.train_setup import LoopOptions, RunFiles, prepare_training
 from tasks.base import Task
 
 # Bindings that may change between a run and its resumption (logging, checkpointing): every other
 # binding must match the checkpoint's.
-RESUME_SAFE = ("fit.progress", "fit.log_every", "fit.tensorboard", "fit.resume", "fit.overwrite", "fit.checkpoint",
-               "fit.keep_", "fit.permanent_", "fit.best_", "fit.chunk_size")
+RESUME_SAFE = ("fit.progress", "fit.log_every", "fit.tensorboard", "fit.resume", "fit.overwrite", "fit.extend",
+               "fit.checkpoint", "fit.keep_", "fit.permanent_", "fit.best_", "fit.chunk_size")
+CONFIG_FILE = "config.gin"
 
 
 @gin.configurable
@@ -73,8 +87,11 @@ def fit(output_dir: str, *, task: Task = gin.REQUIRED, optimizer: optax.Gradient
         checkpoint_every_steps: Optional[int] = None, checkpoint_every_seconds: Optional[float] = 600.0,
         keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (), permanent_checkpoint_every: Optional[int] = None,
         best_metric: Optional[str] = None, best_mode: str = "min", keep_best: int = 1, chunk_size: int = 100,
-        config: Optional[dict] = None) -> TrainResult:
+        config: Optional[dict] = None, config_text: Optional[str] = None, extend: bool = False) -> TrainResult:
     """Trains `task` with `optimizer` for `num_steps` steps in `output_dir` and writes result.json.
+
+    Checks whether the run may start or resume in `output_dir` before anything is written there
+    (`check_training_start`), then writes `config_text` to config.gin and trains.
 
     Args:
       output_dir: where metrics, TensorBoard summaries, checkpoints and result.json go.
@@ -102,7 +119,11 @@ def fit(output_dir: str, *, task: Task = gin.REQUIRED, optimizer: optax.Gradient
       best_mode: "min" or "max": which `best_metric` value is best.
       keep_best: best checkpoints kept.
       chunk_size: the most steps per jitted chunk.
-      config: the run's config, stored with checkpoints; a resume refuses a different one.
+      config: the run's config, stored with checkpoints; a resume refuses a different one (but for its
+        horizon bindings, with `extend`).
+      config_text: written to `output_dir`/config.gin once the run may start or resume (None: not written).
+      extend: train the run in `output_dir` further, to `num_steps` from the length its checkpoint records
+        (see the module docstring and `train_loop`'s `extend`).
 
     Returns:
       the TrainResult.
@@ -111,11 +132,17 @@ def fit(output_dir: str, *, task: Task = gin.REQUIRED, optimizer: optax.Gradient
                               keep=keep_checkpoints, checkpoints_at=tuple(checkpoints_at),
                               permanent_every=permanent_checkpoint_every, best_metric=best_metric,
                               best_mode=best_mode, keep_best=keep_best)
-    result = run_to_end(train_loop(
-        task, optimizer, num_steps, seed=seed, ema_decay=ema_decay, ema_warmup_steps=ema_warmup_steps,
-        evals=list(eval_splits), eval_batches=eval_batches, eval_every=eval_every, eval_at=tuple(eval_at),
-        output_dir=output_dir, checkpoint_policy=policy, resume=resume, overwrite=overwrite, log_every=log_every,
-        progress=progress, tensorboard=tensorboard, chunk_size=chunk_size, config=config))
+    files = RunFiles(output_dir=output_dir, policy=policy, resume=resume, overwrite=overwrite, config=config,
+                     extend=extend)
+    options = LoopOptions(log_every=log_every, chunk_size=chunk_size, progress=progress, tensorboard=tensorboard)
+    setup = prepare_training(task, optimizer, num_steps, key=jax.random.key(seed), ema_decay=ema_decay,
+                             ema_warmup_steps=ema_warmup_steps, evals=list(eval_splits), eval_batches=eval_batches,
+                             eval_every=eval_every, eval_at=tuple(eval_at), files=files, options=options)
+    check_training_start(setup)  # refusals raise here, before the first write
+    if config_text is not None:
+        os.makedirs(output_dir, exist_ok=True)
+        atomic_write_bytes(os.path.join(output_dir, CONFIG_FILE), config_text.encode("utf-8"))
+    result = run_to_end(run_training(setup))
     final_train_loss = float(np.mean(result.losses[-max(1, num_steps // 10):])) if num_steps else None
     summary = {"task": task.name, "num_steps": num_steps, "final_train_loss": final_train_loss,
                **{name: float(values[-1]) for name, values in result.evals.items()}}
@@ -125,8 +152,8 @@ def fit(output_dir: str, *, task: Task = gin.REQUIRED, optimizer: optax.Gradient
 
 
 def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
-    """Parses the command line (`argv`, default `sys.argv[1:]`; see `--help`) and its gin config, saves the
-    operative config to `output_dir`/config.gin and runs `fit`.
+    """Parses the command line (`argv`, default `sys.argv[1:]`; see `--help`) and its gin config and runs `fit`,
+    which saves the operative config to `output_dir`/config.gin once the run may start or resume.
 
     Args:
       argv: the command-line arguments (None: `sys.argv[1:]`).
@@ -137,15 +164,17 @@ def main(argv: Optional[Sequence[str]] = None) -> TrainResult:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for flag, kwargs in (("--gin_file", dict(action="append", default=[], help="gin config file (repeatable)")),
                          ("--gin_param", dict(action="append", default=[], help="a binding: 'fit.num_steps = 10'")),
-                         ("--output_dir", dict(required=True, help="where metrics, checkpoints and results go"))):
+                         ("--output_dir", dict(required=True, help="where metrics, checkpoints and results go")),
+                         ("--extend", dict(action="store_true", help="train the run in output_dir further, to "
+                                                                    "fit.num_steps (more than it was run for)"))):
         parser.add_argument(flag, **kwargs)
     args = parser.parse_args(argv)
     load_config(args.gin_file, args.gin_param)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    os.makedirs(args.output_dir, exist_ok=True)
     config_str = gin.config_str()
-    atomic_write_bytes(os.path.join(args.output_dir, "config.gin"), config_str.encode("utf-8"))
-    return fit(args.output_dir, config={"gin_bindings": gin_bindings(config_str, ignore=RESUME_SAFE)})
+    options = {"extend": True} if args.extend else {}  # else fit.extend's binding (default False)
+    return fit(args.output_dir, config={"gin_bindings": gin_bindings(config_str, ignore=RESUME_SAFE)},
+               config_text=config_str, **options)
 
 
 if __name__ == "__main__":
