@@ -2,6 +2,7 @@
 sampled task families and task augmentations."""
 from tasks import datasets, suites
 from tasks.adapters import task_from_flax, task_from_haiku
+from tasks.autoencoder import AutoencoderFamily, AutoencoderTask
 from tasks.augment import GradientNoise, NormalizeByInitialLoss, ReducedBatchSize, ScaleReparam
 from tasks.base import (Task, TaskFamily, accuracy, classification_normalizer, scaled_normalizer,
                         single_task_family, softmax_cross_entropy)
@@ -20,7 +21,7 @@ from tasks.regression import LinearRegressionFamily, LinearRegressionTask
 __all__ = [
     "Task", "TaskFamily", "single_task_family", "DataSource", "datasets", "suites",
     "QuadraticTask", "QuadraticFamily", "LinearRegressionTask", "LinearRegressionFamily",
-    "ImageMLPTask", "ImageMLPFamily", "ConvTask", "ConvFamily",
+    "ImageMLPTask", "ImageMLPFamily", "ConvTask", "ConvFamily", "AutoencoderTask", "AutoencoderFamily",
     "ByteLMTask", "ByteLMFamily", "ByteTransformerTask", "ByteLSTMTask",
     "Function2DTask", "Function2DFamily", "RosenbrockTask",
     "task_from_haiku", "task_from_flax",

@@ -76,6 +76,25 @@ class LinearRegressionTask(Task):
         y = x @ self.w_star + self.noise_std * jax.random.normal(key, x.shape[:1], x.dtype)
         return 0.5 * jnp.mean(jnp.square(x @ params["w"] - y))
 
+    def trivial_loss(self, split: str = "test") -> Any:
+        """The expected loss of predicting the mean target (an input-independent prediction).
+
+        With ȳ = mean_{i ∈ train} x_i·w* (the train split's mean target; the label noise has mean 0),
+        scored over every example of `split` in expectation over the label noise (which `loss`
+        draws afresh per batch): 0.5 · mean_{i ∈ split} (x_i·w* − ȳ)² + 0.5 σ².
+
+        Args:
+          split: the split scored: "test" (default; where the suites measure the held-out loss)
+            or "train" (to compare with final train losses).
+
+        Returns:
+          a float; a jax scalar when w* or σ is traced (a task built from a traced cfg).
+        """
+        y_bar = jnp.mean(self.data.splits["train"]["x"] @ self.w_star)
+        residual = self.data.splits[split]["x"] @ self.w_star - y_bar
+        value = 0.5 * jnp.mean(jnp.square(residual)) + 0.5 * jnp.square(jnp.asarray(self.noise_std, jnp.float32))
+        return value if isinstance(value, jax.core.Tracer) else float(value)
+
 
 class LinearRegressionFamily(TaskFamily):
     """Least-squares tasks sharing one design (`regression_features`); per task w* ~ N(0, I/dim)

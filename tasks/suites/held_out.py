@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional, Sequence
 
+from tasks.autoencoder import AutoencoderFamily
 from tasks.base import TaskFamily, _SingleTaskFamily
 from tasks.conv import ConvFamily
 from tasks.functions2d import Function2DFamily
@@ -23,11 +24,11 @@ def static_configs(family: Any) -> list[tuple]:
     """Every static config (see the module docstring) a task family can draw.
 
     A family (or mixture) of any class may report its own by a `static_configs()` method returning
-    dicts; the built-in families are read here: image MLPs (one config per activation choice),
-    convnets, byte LMs, linear regressions, quadratics and 2-D functions; augmentation wrappers
-    report their inner family's, `ReducedBatchSize` with its batch size; an object with a
-    `families` sequence (a mixture) reports the union of its members'. No dataset is loaded: the
-    built-in families state their dataset, batch size and architecture without their data.
+    dicts; the built-in families are read here: image MLPs, convnets and MLP autoencoders (one
+    config per activation choice), byte LMs, linear regressions, quadratics and 2-D functions;
+    augmentation wrappers report their inner family's, `ReducedBatchSize` with its batch size; an
+    object with a `families` sequence (a mixture) reports the union of its members'. No dataset is
+    loaded: the built-in families state their dataset, batch size and architecture without their data.
 
     Args:
       family: a TaskFamily (a single Task lifted by `single_task_family` has none here).
@@ -54,6 +55,10 @@ def _static_configs(family: Any) -> list[tuple]:
     if isinstance(family, ConvFamily):
         return [_canonical({"kind": "conv", "dataset": family.dataset, "batch_size": family.batch_size,
                             "channels": family.channels, "kernel_size": family.kernel_size, "activation": act})
+                for act in family.activations]
+    if isinstance(family, AutoencoderFamily):
+        return [_canonical({"kind": "autoencoder", "dataset": family.dataset, "batch_size": family.batch_size,
+                            "hidden_sizes": family.hidden_sizes, "activation": act})
                 for act in family.activations]
     if isinstance(family, ByteLMFamily):
         seq_len = int(family.data.element_spec("train")["tokens"].shape[1])
