@@ -199,17 +199,17 @@ def tensor_lstm_inputs(stats: jax.Array, params: Sequence[Any], ctx: jax.Array) 
 # GEMM calls: large enough blocks amortise that over a big tensor.
 MIN_BLOCK = 1024
 MAX_BLOCK = 32768
-BLOCKS_PER_TENSOR = 8
+BLOCKS_PER_TENSOR = 16
 
 
 def block_size(n: int) -> int:
     """The parameters per block of a tensor of n parameters for the per-parameter MLPs' GEMMs.
 
         c = n                                                            if n < 2048
-        c = min(n, clip(⌊n / 8⌋ rounded down to a multiple of 1024, 1024, 32768))   otherwise
+        c = min(n, clip(⌊n / 16⌋ rounded down to a multiple of 1024, 1024, 32768))  otherwise
 
     A function of the tensor's static size alone: the tensors of a few thousand parameters of the
-    small models that meta-training runs vmapped over many particles get blocks of 1024-2048
+    small models that meta-training runs vmapped over many particles get blocks of 1024
     parameters (a batch of blocks stays in cache), the million-parameter tensors of a model
     trained on its own blocks of 32768 (few loop iterations). The blocks of `blockwise_map` are
     computed independently, so c changes speed only, never the values (an architecture's

@@ -53,11 +53,11 @@ def test_default_sum_blocks():
 
 
 def test_block_size_is_a_function_of_the_size():
-    """n < 2048: one block of n; then about n / 8 in multiples of 1024, from 1024 to 32768; always
+    """n < 2048: one block of n; then about n / 16 in multiples of 1024, from 1024 to 32768; always
     1 ≤ c ≤ n. No context, device count or caller changes it."""
     assert [ft.block_size(n) for n in (1, 1000, 2047)] == [1, 1000, 2047]
     assert [ft.block_size(n) for n in (2048, 8192, 16384, 42_634, 196_608, 802_816, 6_291_456)] == [
-        1024, 1024, 2048, 5120, 24576, 32768, 32768]
+        1024, 1024, 1024, 2048, 12288, 32768, 32768]
     for n in range(1, 300_000, 997):
         c = ft.block_size(n)
         assert 1 <= c <= n and (c == n or c % ft.MIN_BLOCK == 0) and c <= ft.MAX_BLOCK, (n, c)

@@ -65,7 +65,7 @@ def test_block_size_follows_the_tensor_unless_given():
     from lopt import features as ft
     lo = lopt.MLPLOpt()
     assert [lo.block_size(n) for n in (1000, 2048, 8192, 16384, 802816, 6291456)] == [
-        1000, 1024, 1024, 2048, 32768, 32768]
+        1000, 1024, 1024, 1024, 32768, 32768]
     assert all(lo.block_size(n) == ft.block_size(n) for n in (256, 2047, 5000, 100_000))
     assert lopt.MLPLOpt(chunk_size=300).block_size(10_000) == 300
     assert lopt.MLPLOpt(chunk_size=300).block_size(256) == 256
