@@ -25,6 +25,20 @@ Suites (`names()`):
   the shipped recipes' meta-training families, on the same datasets (Fashion-MNIST at 7x7): for
   choosing among a run's checkpoints, so heldout-cpu stays a test set nothing was selected on.
 - smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
+- long-horizon-cpu: 7 small tasks at 10 000-20 000 steps, 5-10x the longest meta-training
+  horizon of the shipped optimizers (2000 steps): MLP autoencoders on digits (the 64-32-8-32-64
+  ReLU one) and signals1d, MLPs on digits and signals1d, a digits convnet and an ill-conditioned
+  least squares (condition number 10^4); 3 seeds each; built-in data only.
+- lm-cpu: 5 byte-level LMs (transformers of width 16-48 and depth 1-2, LSTMs of width 64-96) on
+  the procedural English-like text and on procedural arithmetic (`arithmetic_text`), 600-1000
+  steps, 3 seeds each; no file.
+- scaling-cpu: heldout-cpu's 6 image MLPs with every hidden layer 4x wider (`..._x4wide`) and with
+  every hidden layer repeated 3 times (`..._x3deep`): 12 tasks, heldout-cpu's datasets, batch sizes
+  and budgets; needs the Fashion-MNIST IDX files as heldout-cpu does.
+
+Every suite is disjoint from the meta-training families of the shipped optimizers' recipes and
+of the quick start (the tests check it with `held_out_report`); no task of long-horizon-cpu,
+lm-cpu or scaling-cpu has the static config of a heldout-cpu(-mnist) or validation-cpu task.
 
 Every task is evaluated on the "test" split: the held-out loss after training is the mean
 loss over batches of that split.
@@ -32,6 +46,8 @@ loss over batches of that split.
 from tasks.suites.catalog import _SUITES, get, names
 from tasks.suites.held_out import held_out_report, overlaps, static_configs
 from tasks.suites.suite_task import METRICS, SuiteTask
-from tasks.suites.texts import _ADJECTIVES, _ADVERBS, _NOUNS, _PREPOSITIONS, _VERBS, _grammar_source, grammar_text
+from tasks.suites.texts import (_ADJECTIVES, _ADVERBS, _NOUNS, _PREPOSITIONS, _VERBS, TEXTS, _grammar_source,
+                                _text_source, arithmetic_text, grammar_text)
 
-__all__ = ["SuiteTask", "get", "names", "static_configs", "overlaps", "held_out_report", "grammar_text"]
+__all__ = ["SuiteTask", "get", "names", "static_configs", "overlaps", "held_out_report", "grammar_text",
+           "arithmetic_text"]

@@ -18,10 +18,14 @@ def _conv(name, dataset, channels, act, batch, steps, kernel=3):
                      (("activation", act), ("channels", tuple(channels)), ("kernel_size", kernel)), steps)
 
 
-def _lm(name, model, batch, steps, seq_len=32, **kw):
+def _autoencoder(name, dataset, hidden, act, batch, steps):
+    return SuiteTask(name, "autoencoder", dataset, batch, (("activation", act), ("hidden_sizes", tuple(hidden))), steps)
+
+
+def _lm(name, model, batch, steps, seq_len=32, text="grammar_text", **kw):
     defaults = {k: p.default for k, p in inspect.signature(ByteLMTask.__init__).parameters.items()
                 if k in _LM_ARCH[model]}
-    return SuiteTask(name, "byte_lm", "grammar_text", batch,
+    return SuiteTask(name, "byte_lm", text, batch,
                      _canonical({"model": model, "seq_len": seq_len, **defaults, **kw}), steps)
 
 
@@ -66,8 +70,47 @@ _VALIDATION_CPU = (
     _regression("val_regression_dim50_cond100", 50, 32, 500, condition=100.0),
 )
 
+# 10 000-20 000 steps each: 5-10x the longest meta-training horizon of the shipped optimizers
+# (the 2000-step maximum unroll of scripts/configs/pretrained_*.gin). Built-in data only.
+_LONG_HORIZON_CPU = (
+    _autoencoder("long_digits_autoencoder_32x8x32_relu", "digits", (32, 8, 32), "relu", 64, 20_000),
+    _autoencoder("long_signals_autoencoder_32x8x32_gelu", "signals1d", (32, 8, 32), "gelu", 64, 10_000),
+    _mlp("long_digits_mlp_64_relu", "digits", (64,), "relu", 64, 10_000),
+    _mlp("long_digits_mlp_32x32_tanh_b32", "digits", (32, 32), "tanh", 32, 10_000),
+    _mlp("long_signals_mlp_64x32_gelu", "signals1d", (64, 32), "gelu", 64, 10_000),
+    _conv("long_digits_conv_8x8_relu_b32", "digits", (8, 8), "relu", 32, 10_000),
+    _regression("long_regression_dim200_cond10000", 200, 64, 20_000, condition=1e4),
+)
+
+# Byte LMs of several sizes on the two procedural texts of tasks.suites.texts.
+_LM_CPU = (
+    _lm("lm_grammar_transformer_d16", "transformer", 16, 1000, d_model=16, num_heads=2, num_layers=1),
+    _lm("lm_grammar_transformer_d48_l2_b8", "transformer", 8, 1000, d_model=48, num_heads=4, num_layers=2),
+    _lm("lm_grammar_lstm_h96", "lstm", 16, 800, embed_dim=32, hidden_size=96),
+    _lm("lm_arith_transformer_d32_l2", "transformer", 16, 1000, text="arithmetic_text", d_model=32, num_heads=2,
+        num_layers=2),
+    _lm("lm_arith_lstm_h64", "lstm", 16, 600, text="arithmetic_text", embed_dim=16, hidden_size=64),
+)
+
+
+def _wider(t: SuiteTask, factor: int) -> SuiteTask:
+    arch = {**dict(t.arch), "hidden_sizes": tuple(factor * h for h in dict(t.arch)["hidden_sizes"])}
+    return dataclasses.replace(t, name=f"{t.name}_x{factor}wide", arch=_canonical(arch))
+
+
+def _deeper(t: SuiteTask, factor: int) -> SuiteTask:
+    arch = {**dict(t.arch), "hidden_sizes": tuple(h for h in dict(t.arch)["hidden_sizes"] for _ in range(factor))}
+    return dataclasses.replace(t, name=f"{t.name}_x{factor}deep", arch=_canonical(arch))
+
+
+# heldout-cpu's image MLPs with every hidden layer 4x wider, and with every hidden layer repeated 3x
+# (3x deeper); the same datasets, batch sizes and budgets.
+_HELDOUT_MLPS = tuple(t for t in _HELDOUT_CPU if t.kind == "image_mlp")
+_SCALING_CPU = tuple(_wider(t, 4) for t in _HELDOUT_MLPS) + tuple(_deeper(t, 3) for t in _HELDOUT_MLPS)
+
 _SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
-           "validation-cpu": _VALIDATION_CPU}
+           "validation-cpu": _VALIDATION_CPU, "long-horizon-cpu": _LONG_HORIZON_CPU, "lm-cpu": _LM_CPU,
+           "scaling-cpu": _SCALING_CPU}
 
 
 def names() -> list[str]:

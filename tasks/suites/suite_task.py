@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from tasks.autoencoder import AutoencoderFamily
 from tasks.base import TaskFamily
 from tasks.conv import ConvFamily
 from tasks.image_mlp import ImageMLPFamily
 from tasks.language import ByteLMFamily
 from tasks.regression import LinearRegressionFamily
-from tasks.suites.texts import _grammar_source
+from tasks.suites.texts import TEXTS, _text_source
 
 METRICS = ("final_train_loss", "final_eval_loss", "time_to_reach")
 # The architecture keys of a byte LM's static config, per model.
@@ -27,9 +28,10 @@ class SuiteTask:
 
     Attributes:
       name: the task's label in reports.
-      kind: "image_mlp", "conv", "byte_lm" or "linear_regression".
+      kind: "image_mlp", "conv", "autoencoder", "byte_lm" or "linear_regression".
       dataset: a dataset name of `tasks.registry` ("digits", "signals1d", "fashion_mnist_14", ...),
-        "grammar_text" (the procedural text of `grammar_text`) or "regression_dim{dim}".
+        a procedural text of `tasks.suites.texts.TEXTS` ("grammar_text", "arithmetic_text") or
+        "regression_dim{dim}".
       batch_size: examples per training batch.
       arch: the architecture as sorted (key, value) pairs, e.g. (("activation", "tanh"),
         ("hidden_sizes", (64, 64)), ("norm", None)); the keys `static_configs` reports for `kind`.
@@ -89,11 +91,14 @@ class SuiteTask:
         if self.kind == "conv":
             return ConvFamily(self.dataset, a["channels"], kernel_size=a["kernel_size"], batch_size=self.batch_size,
                               init_scale_range=(1.0, 1.0), activations=(a["activation"],))
+        if self.kind == "autoencoder":
+            return AutoencoderFamily(self.dataset, a["hidden_sizes"], batch_size=self.batch_size,
+                                     init_scale_range=(1.0, 1.0), activations=(a["activation"],))
         if self.kind == "byte_lm":
-            if self.dataset != "grammar_text":
-                raise ValueError(f"suite task {self.name}: byte LMs run on 'grammar_text', got {self.dataset!r}")
+            if self.dataset not in TEXTS:
+                raise ValueError(f"suite task {self.name}: byte LMs run on one of {sorted(TEXTS)}, got {self.dataset!r}")
             model_kwargs = {k: v for k, v in a.items() if k not in ("model", "seq_len")}
-            data = _grammar_source(self.batch_size, a["seq_len"])
+            data = _text_source(self.dataset, self.batch_size, a["seq_len"])
             return ByteLMFamily(data, a["model"], init_scale_range=(1.0, 1.0), **model_kwargs)
         if self.kind == "linear_regression":
             return LinearRegressionFamily(a["dim"], batch_size=self.batch_size, condition=a["condition"],

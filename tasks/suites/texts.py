@@ -1,7 +1,10 @@
-"""The suites' offline text corpora: procedural English-like text from a small stochastic grammar.
+"""The suites' offline text corpora, generated in memory from a seed (numpy's PCG64), so every
+machine gets the same bytes and nothing is read or downloaded:
 
-Generated in memory from a seed (numpy's PCG64), so every machine gets the same bytes and nothing
-is read or downloaded.
+- "grammar_text" (`grammar_text`): English-like sentences from a small stochastic grammar;
+- "arithmetic_text" (`arithmetic_text`): lines of integer sums and differences with their results.
+
+`TEXTS` maps each name (a suite task's dataset) to its generator.
 """
 from __future__ import annotations
 
@@ -58,6 +61,41 @@ def grammar_text(num_bytes: int = 200_000, *, seed: int = 1234) -> bytes:
     return "".join(out).encode("ascii")[:num_bytes]
 
 
+def arithmetic_text(num_bytes: int = 200_000, *, seed: int = 4321) -> bytes:
+    """Procedural arithmetic: lines "A+B=C" or "A-B=C" (newline-separated), A and B uniform in
+    0..999, the operator uniform, C the exact result (negative for some differences).
+
+    The operands are unpredictable (about 10 bits each), the operator and the layout nearly free,
+    and the result a function of the operands: a byte LM's loss falls as it learns the format, and
+    falls further as it learns to add and subtract. Same seed, same bytes, on every machine.
+
+    Args:
+      num_bytes: the length of the text (it is cut to exactly this many bytes).
+      seed: the numpy seed of the draws.
+
+    Returns:
+      the ASCII text.
+    """
+    rng = np.random.default_rng(seed)
+    out, size = [], 0
+    while size < num_bytes:
+        a, b = (int(v) for v in rng.integers(0, 1000, 2))
+        line = f"{a}+{b}={a + b}\n" if rng.random() < 0.5 else f"{a}-{b}={a - b}\n"
+        out.append(line)
+        size += len(line)
+    return "".join(out).encode("ascii")[:num_bytes]
+
+
+TEXTS = {"grammar_text": grammar_text, "arithmetic_text": arithmetic_text}
+
+
 @functools.lru_cache(maxsize=None)
+def _text_source(name: str, batch_size: int, seq_len: int):
+    """The DataSource of byte windows of corpus `name` (a key of TEXTS), named `name`."""
+    if name not in TEXTS:
+        raise ValueError(f"unknown suite text {name!r}; the texts are {sorted(TEXTS)}")
+    return byte_sequences(TEXTS[name](), batch_size, seq_len=seq_len, name=name)
+
+
 def _grammar_source(batch_size: int, seq_len: int):
-    return byte_sequences(grammar_text(), batch_size, seq_len=seq_len, name="grammar_text")
+    return _text_source("grammar_text", batch_size, seq_len)

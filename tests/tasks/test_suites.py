@@ -2,8 +2,11 @@
 optimizer's meta-training family can draw a suite task."""
 import glob
 import os
+import re
 
 import gin
+import jax
+import numpy as np
 import pytest
 
 import tasks
@@ -24,7 +27,8 @@ def reads_no_dataset_file(monkeypatch):
 
 
 def test_suites_by_name_and_an_unknown_name_lists_them():
-    assert {"heldout-cpu", "heldout-cpu-mnist", "smoke", "validation-cpu"} <= set(suites.names())
+    assert {"heldout-cpu", "heldout-cpu-mnist", "smoke", "validation-cpu", "long-horizon-cpu", "lm-cpu",
+            "scaling-cpu"} <= set(suites.names())
     with pytest.raises(ValueError, match=r"unknown suite 'nope'; the suites are \[.*'heldout-cpu'"):
         suites.get("nope")
 
@@ -46,7 +50,7 @@ def test_heldout_cpu_spans_datasets_architectures_and_horizons():
 
 def test_built_families_report_exactly_the_declared_static_config(reads_no_dataset_file):
     """What the overlap check compares is what `build` trains; it is read without the data."""
-    for t in suites.get("heldout-cpu-mnist") + suites.get("validation-cpu") + suites.get("smoke"):
+    for t in [t for name in suites.names() for t in suites.get(name)]:
         family = t.build(load_data=False)
         assert suites.static_configs(family) == [t.static_config()], t.name
         assert len(family.activations if hasattr(family, "activations") else [None]) == 1
@@ -116,8 +120,8 @@ def test_no_suite_task_is_in_a_shipped_optimizers_meta_training_family(tmp_path,
             families[f"{os.path.basename(path)}[estimator {i}]"] = family
             assert suites.static_configs(family), path  # the checker saw what the family draws
     assert any(label.startswith("quickstart.gin") for label in families)
-    assert suites.held_out_report(suite, families) is None
-    assert suites.held_out_report(suites.get("validation-cpu"), families) is None
+    for name in suites.names():  # heldout-cpu(-mnist), validation-cpu, long-horizon-cpu, lm-cpu, scaling-cpu, smoke
+        assert suites.held_out_report(suites.get(name), families) is None, name
     # The checker catches a family that does draw suite tasks, through augmentations and mixtures.
     overlapping = tasks.ImageMLPFamily("digits", (64, 64), batch_size=64, activations=("relu", "tanh"))
     assert suites.overlaps(suite, overlapping) == ["digits_mlp_64x64_tanh"]
@@ -133,6 +137,15 @@ def test_no_suite_task_is_in_a_shipped_optimizers_meta_training_family(tmp_path,
 
     report = suites.held_out_report(suite, {"mix.gin": Mixture([big_batch, lm])})
     assert report == "suite tasks drawn by meta-training families: mix.gin: text_lstm_h48"
+    # ... and the new kinds and suites: an autoencoder family, an LM on the arithmetic text, a wide MLP
+    ae = tasks.ScaleReparam(tasks.AutoencoderFamily("digits", (32, 8, 32), batch_size=64, activations=("relu", "tanh")),
+                            (0.5, 2.0))
+    assert suites.overlaps(suites.get("long-horizon-cpu"), ae) == ["long_digits_autoencoder_32x8x32_relu"]
+    assert suites.overlaps(suites.get("long-horizon-cpu"), tasks.ReducedBatchSize(ae, 32)) == []
+    arith = tasks.ByteLMFamily(suites._text_source("arithmetic_text", 16, 32), "lstm", embed_dim=16, hidden_size=64)
+    assert suites.overlaps(suites.get("lm-cpu"), arith) == ["lm_arith_lstm_h64"]
+    wide = tasks.ImageMLPFamily("digits", (256, 256), batch_size=64, activations=("tanh",))
+    assert suites.overlaps(suites.get("scaling-cpu"), wide) == ["digits_mlp_64x64_tanh_x4wide"]
     with pytest.raises(TypeError, match="cannot tell the static configs of Opaque"):
         suites.static_configs(type("Opaque", (tasks.TaskFamily,), {})())
 
@@ -144,3 +157,126 @@ def test_validation_suite_is_disjoint_from_the_test_suite(reads_no_dataset_file)
     assert len(val) >= 5 and not test & {t.static_config() for t in val}
     for t in val:
         assert suites.overlaps(suites.get("heldout-cpu-mnist"), t.build(load_data=False)) == [], t.name
+
+
+def _static(suite_name):
+    return {t.static_config() for t in suites.get(suite_name)}
+
+
+def test_new_suites_are_disjoint_from_the_test_and_validation_suites_and_name_each_task_once(reads_no_dataset_file):
+    existing = _static("heldout-cpu-mnist") | _static("validation-cpu") | _static("smoke")
+    for name in ("long-horizon-cpu", "lm-cpu", "scaling-cpu"):
+        suite = suites.get(name)
+        assert len({t.name for t in suite}) == len(suite) == len(_static(name)), name
+        assert not _static(name) & existing, name
+        assert all(len(t.seeds) >= 3 and t.eval_split == "test" for t in suite), name
+    assert not _static("long-horizon-cpu") & _static("lm-cpu") and not _static("lm-cpu") & _static("scaling-cpu")
+    assert not _static("long-horizon-cpu") & _static("scaling-cpu")
+
+
+def _longest_meta_training_horizon():
+    """The largest unroll length of the shipped recipes' truncation schedules, read from their gin files."""
+    lengths = []
+    for path in glob.glob(os.path.join(ROOT, "scripts", "configs", "pretrained_*.gin")):
+        text = open(path).read()
+        lengths += [int(v) for v in re.findall(r"^\s*\S*TruncationSchedule\.(?:max_length|length)\s*=\s*(\d+)", text,
+                                                re.M)]
+    assert len(lengths) >= 3
+    return max(lengths)
+
+
+def test_long_horizon_suite_budgets_are_at_least_5x_the_longest_meta_training_horizon():
+    suite = suites.get("long-horizon-cpu")
+    horizon = _longest_meta_training_horizon()
+    assert horizon == 2000
+    assert all(t.num_steps >= max(10_000, 5 * horizon) for t in suite), [(t.name, t.num_steps) for t in suite]
+    kinds = {(t.kind, t.dataset) for t in suite}
+    assert {("autoencoder", "digits"), ("image_mlp", "digits"), ("conv", "digits"),
+            ("linear_regression", "regression_dim200")} <= kinds
+    issue_ae = next(t for t in suite if t.kind == "autoencoder" and t.dataset == "digits")
+    assert dict(issue_ae.arch) == {"activation": "relu", "hidden_sizes": (32, 8, 32)} and issue_ae.batch_size == 64
+    assert len([t for t in suite if t.kind == "image_mlp" and t.dataset == "digits"]) >= 2
+
+
+def test_long_horizon_and_lm_suites_build_from_built_in_data_and_state_their_trivial_losses():
+    """Both suites need no file: every task builds with its data into a task with a scalar loss
+    (traced only: the families' numbers are checked in their own tests)."""
+    for t in suites.get("long-horizon-cpu") + suites.get("lm-cpu"):
+        family = t.build()
+        task = family.task_fn(family.sample(jax.random.key(0)))
+
+        def initial_loss(key):
+            return task.loss(task.init(key), key, family.data.batch(key, "train"))
+
+        out = jax.eval_shape(initial_loss, jax.random.key(1))
+        assert out.shape == () and out.dtype == np.float32, t.name
+        if t.kind in ("autoencoder", "linear_regression"):
+            assert 0 < task.trivial_loss(t.eval_split) < float("inf"), t.name
+    ae = next(t for t in suites.get("long-horizon-cpu") if t.name == "long_digits_autoencoder_32x8x32_relu").build()
+    assert ae.task_fn(ae.sample(jax.random.key(0))).trivial_loss() == pytest.approx(0.0742, abs=5e-4)
+
+
+def test_lm_suite_spans_models_sizes_and_two_offline_texts():
+    suite = suites.get("lm-cpu")
+    assert {t.kind for t in suite} == {"byte_lm"} and {t.dataset for t in suite} == {"grammar_text", "arithmetic_text"}
+    arch = [dict(t.arch) for t in suite]
+    assert len({a["d_model"] for a in arch if a["model"] == "transformer"}) >= 3
+    assert len({a["num_layers"] for a in arch if a["model"] == "transformer"}) >= 2
+    assert len({a["hidden_size"] for a in arch if a["model"] == "lstm"}) >= 2
+    assert all(500 <= t.num_steps <= 2000 for t in suite)
+
+
+def test_arithmetic_text_is_fixed_and_every_line_is_right():
+    text = suites.arithmetic_text(20_000)
+    assert text == suites.arithmetic_text(20_000) and len(text) == 20_000
+    assert text != suites.arithmetic_text(20_000, seed=1)
+    lines = text.decode("ascii").split("\n")[:-1]  # the last line may be cut
+    assert len(lines) > 1000
+    for line in lines:
+        m = re.fullmatch(r"(\d{1,3})([+-])(\d{1,3})=(-?\d+)", line)
+        assert m, line
+        a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
+        assert c == (a + b if op == "+" else a - b), line
+    assert {"+", "-"} <= {m for line in lines for m in "+-" if m in line.split("=")[0]}
+    with pytest.raises(ValueError, match="unknown suite text 'nope'"):
+        suites._text_source("nope", 4, 8)
+
+
+def test_scaling_suite_is_heldout_cpus_mlps_4x_wider_and_3x_deeper(reads_no_dataset_file):
+    heldout = {t.name: t for t in suites.get("heldout-cpu") if t.kind == "image_mlp"}
+    scaled = {t.name: t for t in suites.get("scaling-cpu")}
+    assert len(heldout) == 6 and set(scaled) == {f"{n}_x4wide" for n in heldout} | {f"{n}_x3deep" for n in heldout}
+    for name, base in heldout.items():
+        hidden = dict(base.arch)["hidden_sizes"]
+        wide, deep = scaled[f"{name}_x4wide"], scaled[f"{name}_x3deep"]
+        assert dict(wide.arch)["hidden_sizes"] == tuple(4 * h for h in hidden)
+        assert len(dict(deep.arch)["hidden_sizes"]) == 3 * len(hidden)
+        assert sorted(set(dict(deep.arch)["hidden_sizes"])) == sorted(set(hidden))
+        for t in (wide, deep):
+            same = ("kind", "dataset", "batch_size", "num_steps", "seeds", "eval_split")
+            assert [getattr(t, k) for k in same] == [getattr(base, k) for k in same], t.name
+            assert {k: v for k, v in t.arch if k != "hidden_sizes"} == {k: v for k, v in base.arch if k != "hidden_sizes"}
+
+
+def test_a_meta_training_recipe_can_train_on_a_byte_lm_family(tmp_path, monkeypatch):
+    """ByteLMFamily is bound in gin (it is in tasks.__all__): a recipe names it and its text file, and
+    the overlap checker reads what it draws."""
+    text = tmp_path / "corpus.txt"
+    text.write_bytes(suites.grammar_text(20_000, seed=7))
+    recipe = tmp_path / "lm_recipe.gin"
+    quickstart = open(os.path.join(ROOT, "scripts", "configs", "quickstart.gin")).read()
+    recipe.write_text(quickstart + f"""
+train.task_family = @ByteLMFamily()
+ByteLMFamily.dataset = "text:{text}"
+ByteLMFamily.model = "lstm"
+ByteLMFamily.batch_size = 8
+ByteLMFamily.embed_dim = 16
+ByteLMFamily.hidden_size = 24
+train.eval_num_tasks = 0
+""")
+    (family,) = _meta_training_families(str(recipe), tmp_path, monkeypatch)
+    assert isinstance(family, tasks.ByteLMFamily) and family.model_kwargs == {"embed_dim": 16, "hidden_size": 24}
+    assert suites.static_configs(family) == [(("batch_size", 8), ("dataset", "text_corpus"), ("embed_dim", 16),
+                                              ("hidden_size", 24), ("kind", "byte_lm"), ("model", "lstm"),
+                                              ("seq_len", 64))]
+    assert suites.held_out_report(suites.get("lm-cpu"), {"lm_recipe.gin": family}) is None
