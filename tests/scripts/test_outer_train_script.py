@@ -10,6 +10,7 @@ import pytest
 import lopt
 import outer_trainers as ot
 import tasks
+from outer_trainers.runs.run_checkpoints import config_history
 from tests.fixtures import metrics_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -230,3 +231,56 @@ def test_bad_ray_address_fails_fast_naming_it(tmp_path):
     assert r.returncode != 0
     assert "cannot reach a Ray cluster at --ray_address '127.0.0.1:9'" in r.stderr
     assert not (tmp_path / "o").exists() or not os.listdir(tmp_path / "o")  # nothing written
+
+
+# ---- training a run further (--extend) -----------------------------------------------------------------
+
+def test_extend_trains_a_run_further_and_its_outer_schedule_may_follow(tmp_path):
+    """A 2-step run with an outer cosine decay over 2 steps, extended to 4 (its decay_steps rebound to 4): a
+    changed horizon binding needs --extend, fewer steps than taken are refused, refusals change nothing."""
+    import outer_train
+    cfg = tmp_path / "tiny.gin"
+    cfg.write_text(TINY.replace("optax.adam.learning_rate = 0.05",
+                                "optax.adam.learning_rate = @optax.cosine_decay_schedule()\n"
+                                "optax.cosine_decay_schedule.init_value = 0.05"))
+    out = tmp_path / "run"
+    files = lambda: {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def run(steps, decay, *flags):
+        gin.clear_config()
+        return outer_train.main(["--gin_file", str(cfg), "--output_dir", str(out), *flags,
+                                 "--gin_param", f"train.num_steps = {steps}",
+                                 "--gin_param", f"optax.cosine_decay_schedule.decay_steps = {decay}"])
+    try:
+        assert run(2, 2).step == 2
+        before = files()
+        with pytest.raises(ValueError, match=r"only here: \['cosine_decay_schedule.decay_steps = 4'\].*"
+                                             r"--extend"):
+            run(4, 4)
+        with pytest.raises(ValueError, match="to num_steps=1: it has already taken 2 steps"):
+            run(1, 2, "--extend")
+        assert files() == before  # config.gin included
+        assert run(4, 4, "--extend").step == 4
+        [entry] = config_history(str(out))
+        assert (entry["from_steps"], entry["to_steps"], entry["at_step"]) == (2, 4, 2)
+        assert "decay_steps = 4" in entry["changed"][0]
+        assert [l["step"] for l in metrics_lines(out)] == [1, 2, 3, 4]
+        assert "train.num_steps = 4" in (out / "config.gin").read_text()
+    finally:
+        gin.clear_config()
+
+
+@pytest.mark.slow
+def test_ray_workers_extend_a_run(tmp_path):
+    cfg = tmp_path / "tiny.gin"
+    cfg.write_text(TINY)
+    out = tmp_path / "dist"
+    run = lambda steps, *flags: subprocess.run(
+        [sys.executable, SCRIPT, "--gin_file", str(cfg), "--output_dir", str(out), *flags, "--gin_param",
+         f"train.num_steps = {steps}", "--gin_param", "train.num_workers = 1"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=RAY_ENV)
+    for steps, flags in ((2, ()), (4, ("--extend",))):
+        r = run(steps, *flags)
+        assert r.returncode == 0, r.stderr[-3000:]
+    assert [l["step"] for l in metrics_lines(out)] == [1, 2, 3, 4]
+    assert [(e["from_steps"], e["to_steps"], e["at_step"]) for e in config_history(str(out))] == [(2, 4, 2)]

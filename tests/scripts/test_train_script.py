@@ -72,8 +72,10 @@ def test_adam_run_writes_metrics_tensorboard_checkpoints_and_result_and_resumes(
     again = main(CONFIGS["adam"], out, "fit.log_every = 3")  # a finished run: resumes at its end, logging may change
     np.testing.assert_array_equal(again.losses, result.losses)
     gin.clear_config()
+    config_gin = (out / "config.gin").read_text()
     with pytest.raises(ValueError, match=r"only here: \['adam.learning_rate = 0.1'\]"):
         main(CONFIGS["adam"], out, "optax.adam.learning_rate = 0.1")
+    assert (out / "config.gin").read_text() == config_gin  # a refused resume does not write its config
 
 
 @pytest.mark.slow
@@ -102,3 +104,30 @@ def test_an_unknown_binding_exits_with_status_2(tmp_path):
                         "--gin_param", "fit.eval_everyy = 3"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and "eval_everyy" in r.stderr
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_extend_trains_a_run_further_with_the_new_horizon(main, tmp_path):
+    """A 6-step run of a (fresh) learned optimizer told its horizon, extended to 8 steps with the horizon
+    rebound: refused without --extend (changing nothing, config.gin included), recorded with it."""
+    from outer_trainers.runs.run_checkpoints import config_history
+    out = tmp_path / "run"
+    first = main(CONFIGS["mlplopt"], out, "learned_optimizer.num_steps = 6")
+    files = lambda: {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    before = files()
+    longer = ("fit.num_steps = 8", "learned_optimizer.num_steps = 8")
+    gin.clear_config()
+    with pytest.raises(ValueError, match=r"num_steps \(saved 6, here 8\).*--extend"):
+        main(CONFIGS["mlplopt"], out, *longer)
+    assert files() == before
+    gin.clear_config()
+    import train
+    result = train.main(["--gin_file", CONFIGS["mlplopt"], "--output_dir", str(out), "--extend"] +
+                        [a for p in SMALL + list(longer) for a in ("--gin_param", p)])
+    assert result.losses.shape == (8,) and np.all(np.isfinite(result.losses))
+    np.testing.assert_array_equal(result.losses[:6], first.losses)
+    [entry] = config_history(str(out))
+    assert (entry["from_steps"], entry["to_steps"], entry["at_step"]) == (6, 8, 6)
+    assert "learned_optimizer.num_steps = 8" in " ".join(entry["changed"])
+    assert json.loads((out / "result.json").read_text())["num_steps"] == 8
+    assert "fit.num_steps = 8" in (out / "config.gin").read_text()

@@ -1,9 +1,10 @@
 """A tiny outer-training run for the resume tests, run as a subprocess:
 
-    python resume_job.py OUTPUT_DIR NUM_STEPS [KILL_AT]
+    python resume_job.py OUTPUT_DIR NUM_STEPS [KILL_AT] [--extend]
 
 Checkpoints every 5 steps; with KILL_AT, the process SIGKILLs itself right after outer step
-KILL_AT (its checkpoints, if any, already written).
+KILL_AT (its checkpoints, if any, already written). With --extend it trains the run in
+OUTPUT_DIR further, to NUM_STEPS (`outer_train(..., extend=True)`).
 """
 import os
 import signal
@@ -24,7 +25,7 @@ def build():
     return ot.GradientLearner(lo, optax.adam(0.05)), [est]
 
 
-def main(out, num_steps, kill_at=None):
+def main(out, num_steps, kill_at=None, extend=False):
     learner, ests = build()
 
     def callback(step, state, metrics):
@@ -32,8 +33,9 @@ def main(out, num_steps, kill_at=None):
             os.kill(os.getpid(), signal.SIGKILL)
 
     ot.outer_train(learner, ests, num_steps, output_dir=out, seed=3, progress=False, callback=callback,
-                   checkpoint_policy=ot.CheckpointPolicy(every_steps=5, every_seconds=None, keep=2))
+                   checkpoint_policy=ot.CheckpointPolicy(every_steps=5, every_seconds=None, keep=2), extend=extend)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else None)
+    args = [a for a in sys.argv[1:] if a != "--extend"]
+    main(args[0], int(args[1]), int(args[2]) if len(args) > 2 else None, extend="--extend" in sys.argv[1:])
