@@ -24,13 +24,14 @@ VeLOdrome inf for L.
 
 **Collapse.** A run can stay finite and end below its first loss yet learn nothing: a regression or
 autoencoder that settles on predicting the mean output. A task may say what such a run scores: an
-optional `trivial_loss` of the Task, a number or a method without arguments returning one (the
-train loss of the best input-independent predictor: the variance of the targets for a squared-error
-regression or autoencoder, the entropy of the label marginal for a classifier; `trivial_loss_of`
-reads it). A run whose final train loss is >= (1 - margin) * trivial_loss (margin 0.05: it does
-not explain 5% of what the trivial predictor leaves) is collapsed. Without a trivial loss the
-reference is the run's own initial loss (mean of the first 1% of steps) with no margin: collapsed
-then means not below where it started, the rule `stability` always had.
+optional `trivial_loss` of the Task, a number or a method returning one, called with split="train"
+when it takes a `split` (the train loss of the best input-independent predictor: the variance of the
+targets for a squared-error regression or autoencoder, the entropy of the label marginal for a
+classifier; `trivial_loss_of` reads it). A run whose final train loss is >= (1 - margin) *
+trivial_loss (margin 0.05: it does not explain 5% of what the trivial predictor leaves) is
+collapsed. Without a trivial loss the reference is the run's own initial loss with no margin
+(`stability`: the mean of the first 1% of steps; `compare_runs`: the first step's, as its
+`below_initial`): collapsed then means not below where it started, the rule `stability` always had.
 
 `stability` is the pass/fail check of one long run (finite, below where it started, not
 collapsed). Across tasks: `aggregate` (IQMs, their bootstrap intervals, performance profiles).
@@ -39,6 +40,7 @@ Every function takes run dicts (`task_trainer`'s module docstring) and returns p
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Optional
 
@@ -148,14 +150,22 @@ def trivial_loss_of(task: Any) -> Optional[float]:
     """A task's trivial loss (module docstring), or None when it declares none.
 
     Args:
-      task: a Task; its optional `trivial_loss` is a number or a method without arguments returning one.
+      task: a Task; its optional `trivial_loss` is a number or a method returning one, called without
+        arguments, or with split="train" when it takes a `split` (as `tasks.AutoencoderTask` and
+        `tasks.LinearRegressionTask` do: the split the input-independent prediction is scored on;
+        the protocol compares it with final train losses).
 
     Returns:
       the loss as a float, or None when the task has no `trivial_loss`, it is None, or it is not a
       finite number > 0 (then the initial loss is the reference).
     """
     value = getattr(task, "trivial_loss", None)
-    value = value() if callable(value) else value
+    if callable(value):
+        try:
+            takes_split = "split" in inspect.signature(value).parameters
+        except (TypeError, ValueError):  # a callable without a signature
+            takes_split = False
+        value = value(split="train") if takes_split else value()
     if value is None:
         return None
     value = float(np.asarray(value))

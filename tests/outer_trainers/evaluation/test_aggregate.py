@@ -170,8 +170,38 @@ def test_trivial_loss_is_read_from_the_task_when_it_declares_one():
         def trivial_loss(self):
             return np.float32(2.5)
 
+    class Split:  # as tasks.AutoencoderTask and tasks.LinearRegressionTask: scored on a split, "test" by default
+        def trivial_loss(self, split="test"):
+            return {"train": 1.0, "test": 3.0}[split]
+
     class Bad:
         trivial_loss = float("nan")
 
     assert scores.trivial_loss_of(Plain()) is None and scores.trivial_loss_of(Bad()) is None
     assert scores.trivial_loss_of(Attr()) == 0.25 and scores.trivial_loss_of(Method()) == 2.5
+    assert scores.trivial_loss_of(Split()) == 1.0  # compared with train losses: the train split's
+
+
+def test_a_linear_regression_declares_the_mean_predictors_loss_and_a_flat_run_collapses_to_it():
+    import jax
+    import optax
+
+    import tasks
+    from outer_trainers.evaluation import run_fixed, suite_runs, task_draws
+    fam = tasks.LinearRegressionFamily(dim=4, batch_size=128, num_examples=1024)
+    trivial = suite_runs.trivial_losses(fam, [0, 1])
+    cfgs, keys = task_draws(fam, [0, 1])
+    for i, value in enumerate(trivial):
+        task = fam.task_fn(jax.tree_util.tree_map(lambda x: x[i], cfgs))
+        assert value == pytest.approx(task.trivial_loss(split="train")) and value > 0
+    # a "run" that jumps to w = 0 and stays there: it predicts 0, about the mean target, so it ends near the
+    # trivial loss (within 0.5% and 0.2% here: 20 final batches of 128 keep the minibatch noise well inside the
+    # 5% margin), below where its random init started (the old check passes it), and is collapsed
+    to_zero = optax.GradientTransformation(lambda p: optax.EmptyState(),
+                                           lambda g, s, p: (jax.tree_util.tree_map(lambda x: -x, p), s))
+    flat = run_fixed(fam, "flat", lambda _: to_zero, 0.0, cfgs, keys, 200)
+    trained = run_fixed(fam, "adam", optax.adam, 0.05, cfgs, keys, 200)
+    st = protocol.stability(flat, trivial)
+    assert all(f < i for f, i in zip(st["final"], st["initial"])) and protocol.stability(flat)["all_ok"]
+    assert st["collapsed"] == [True, True] and not st["all_ok"]
+    assert protocol.stability(trained, trivial)["collapsed"] == [False, False]
