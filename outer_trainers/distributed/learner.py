@@ -33,8 +33,8 @@ theta, while the other workers go on (in synchronous mode, steps meanwhile use t
 that arrived). Re-initialised PES particles restart their perturbation sums and inner
 episodes: their first estimates are those of fresh particles (unbiased, but with the short-
 horizon weighting of new episodes until they have run a while). The learner checkpoints
-theta, the outer optimizer state, the key and the step (not the particles): a killed learner
-rerun with the same `output_dir` resumes there and the workers start fresh particles.
+theta, the outer optimizer state, the key and the step (not the particles): a killed learner rerun
+with the same `output_dir` resumes there and the workers start fresh particles. No `theta_ema` here.
 """
 from __future__ import annotations
 
@@ -121,8 +121,7 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
     """Meta-trains theta with Ray worker actors and returns the learner's final state (see the module docstring).
 
     Args:
-        make_run: picklable `make_run() -> (GradientLearner, [GradientEstimator, ...])`, called here and on
-            every worker.
+        make_run: picklable `make_run() -> (GradientLearner, [GradientEstimator, ...])`, called here and on every worker.
         num_steps: outer steps in total (a resumed run trains up to it; see `outer_train` on extending).
         num_workers: N worker actors (1 <= N <= the number of estimators).
         max_staleness: the most updates an estimate's theta may lag behind the current theta to be applied.
@@ -172,12 +171,13 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
     check_int("log_every", log_every, minimum=1)
     check_optional_int("max_consecutive_dropped", max_consecutive_dropped, minimum=1)
     learner, estimators = make_run()
+    if getattr(learner, "theta_ema", None) is not None:  # the learner's moving average of theta: not here
+        raise ValueError(f"ray_outer_train cannot average theta (theta_ema={learner.theta_ema}); use outer_train")
     estimators = list(estimators)
     if not estimators:
         raise ValueError("ray_outer_train needs at least one GradientEstimator (make_run returned none)")
     K = len(estimators)
-    weights = check_weights(weights, K)
-    weights = list(weights) if weights is not None else [1.0] * K
+    weights = check_weights(weights, K)  # [1.0] * K for None
     assignment = assign_estimators(K, num_workers)
     synchronous = max_staleness == 0 and num_estimates_per_step is None
     per_step = K if num_estimates_per_step is None else num_estimates_per_step

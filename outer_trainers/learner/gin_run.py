@@ -44,7 +44,7 @@ RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.progre
                "train.meta_eval_", "train.checkpoint", "train.keep_", "train.permanent_", "train.best_", "train.num_workers",
                "train.max_staleness", "train.num_estimates_per_step")
 # the arguments of `train` that describe the run's learner and estimators (what `GinRun` rebuilds on a worker)
-RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split")
+RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split", "theta_ema")
 
 
 @gin.configurable
@@ -123,6 +123,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
           trunc_sched: TruncationSchedule = gin.REQUIRED, estimators: Sequence[Callable] = gin.REQUIRED,
           estimator_weights: Optional[Sequence[float]] = None, outer_opt: optax.GradientTransformation = gin.REQUIRED,
           num_steps: int = 100, seed: int = 0, meta_loss_split: Optional[str] = None,
+          theta_ema: Optional[float] = None,
           eval_num_tasks: int = 0, eval_num_steps: int = 200,
           eval_adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
           progress: Union[bool, str] = True, log_every: int = 1, tensorboard: bool = True, resume: bool = True,
@@ -158,6 +159,10 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       num_steps: outer steps.
       seed: the run's PRNG seed (the comparison uses seed + 10000).
       meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
+      theta_ema: keep a moving average of theta with this decay (e.g. 0.99; `GradientLearner(theta_ema=...)`)
+        and use it as the run's result: theta_final.msgpack (the last theta goes to theta_last.msgpack),
+        meta-evaluation and the comparison with Adam. None (default): no average, the last theta is the result.
+        Local runs only (refused with `num_workers` > 0).
       eval_num_tasks: held-out tasks of the final comparison with Adam (0: none).
       eval_num_steps: inner steps of each comparison run.
       eval_adam_lrs: Adam's learning-rate grid in the comparison.
@@ -202,11 +207,11 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       the final `OuterTrainState`.
     """
     check_run_arguments(eval_num_tasks=eval_num_tasks, eval_num_steps=eval_num_steps, eval_adam_lrs=eval_adam_lrs,
-                        num_workers=num_workers)
+                        num_workers=num_workers, theta_ema=theta_ema)
     copies = worker_copies(num_workers, len(estimators))
     learner, ests = build_run(task_family=task_family, learned_opt=learned_opt, trunc_sched=trunc_sched,
                               estimators=estimators, outer_opt=outer_opt, meta_loss_split=meta_loss_split,
-                              copies=copies)
+                              copies=copies, theta_ema=theta_ema)
     on_ray = num_workers > 0
     evaluator = None
     if meta_eval_every > 0 and not on_ray:  # on Ray an evaluation actor builds its own (GinEvaluator)
@@ -237,6 +242,6 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
             state = meta_train_locally(learner, ests, num_steps, weights=estimator_weights, meta_evaluator=evaluator,
                                        eval_every=meta_eval_every, **loop_options)
         if eval_num_tasks > 0:
-            compare_with_adam(task_family, learned_opt, state.theta, output_dir, num_tasks=eval_num_tasks,
+            compare_with_adam(task_family, learned_opt, state.final_theta, output_dir, num_tasks=eval_num_tasks,
                               num_steps=eval_num_steps, adam_lrs=eval_adam_lrs, seed=seed)
     return state

@@ -9,6 +9,13 @@ the others are dropped and counted (`metrics["num_dropped"]`). If every estimate
 theta and the outer optimizer state are left unchanged. `metrics[PER_ESTIMATE]` holds one dict
 per estimate, in the order of the estimates, for the caller to name (the outer loop logs them
 under "<metric>/<estimator label>").
+
+Theta averaging (`theta_ema=d`, off by default): the state also carries an exponential moving
+average of theta over the applied updates, θ̄_0 = θ_0 and θ̄_{t+1} = d·θ̄_t + (1 − d)·θ_{t+1}
+(left as it is when a step applies nothing). It is what a run reports as its result
+(`OuterTrainState.final_theta`): the last theta of a noisy outer optimization is one draw around
+where it has settled, the average is its centre. An EMA rather than a Polyak average over the last
+fraction of the run, because it needs no horizon: a resumed or extended run continues it as it is.
 """
 from __future__ import annotations
 
@@ -35,10 +42,13 @@ class LearnerState:
         theta: the learned optimizer's meta-parameters (a pytree).
         opt_state: the outer optax transform's state for theta.
         step: int32 []: outer updates applied (steps whose estimates were all dropped don't count).
+        theta_avg: the moving average of theta (`GradientLearner(theta_ema=...)`), or None without averaging
+            (then the state, and so a checkpoint, holds exactly the leaves it held before averaging existed).
     """
     theta: Any
     opt_state: Any
     step: jax.Array
+    theta_avg: Any = None
 
 
 def is_valid(est: Estimate) -> jax.Array:
@@ -93,12 +103,20 @@ class GradientLearner:
         outer_opt: the optax transform applied to the combined meta-gradient (e.g. `optax.adam(1e-3)`).
         theta_init: a theta to start from instead of `learned_opt.init(key)` (e.g. a pretrained one);
             it must have the structure, shapes and dtypes of `learned_opt.init`'s (checked here).
+        theta_ema: the decay d in [0, 1) of the moving average of theta kept in the state (module
+            docstring), e.g. 0.99 (an average over about 1 / (1 − d) = 100 updates); None: no average.
     """
 
     def __init__(self, learned_opt: LearnedOptimizer, outer_opt: optax.GradientTransformation,
-                 theta_init: Optional[Any] = None):
+                 theta_init: Optional[Any] = None, theta_ema: Optional[float] = None):
         if not isinstance(learned_opt, LearnedOptimizer):
             raise TypeError(f"learned_opt must be a lopt.LearnedOptimizer, got {type(learned_opt).__name__}")
+        if theta_ema is not None:
+            if isinstance(theta_ema, bool) or not isinstance(theta_ema, (int, float)) or not 0 <= theta_ema < 1:
+                raise ValueError(f"theta_ema must be a decay in [0, 1) (e.g. 0.99) or None (no averaging), "
+                                 f"got {theta_ema!r}")
+            theta_ema = float(theta_ema)
+        self.theta_ema = theta_ema
         if theta_init is not None:
             learned_opt.check_theta(theta_init, "GradientLearner(theta_init=...)", check_dtypes=True)
         self.learned_opt = learned_opt
@@ -116,7 +134,9 @@ class GradientLearner:
             A LearnerState.
         """
         theta = self.learned_opt.init(key) if self.theta_init is None else self.theta_init
-        return LearnerState(theta=theta, opt_state=self.outer_opt.init(theta), step=jnp.zeros((), jnp.int32))
+        theta_avg = None if self.theta_ema is None else jax.tree_util.tree_map(jnp.array, theta)
+        return LearnerState(theta=theta, opt_state=self.outer_opt.init(theta), step=jnp.zeros((), jnp.int32),
+                            theta_avg=theta_avg)
 
     def update(self, state: LearnerState, estimates: Sequence[Estimate],
                weights: Optional[Sequence[float]] = None) -> tuple[LearnerState, dict]:
@@ -156,9 +176,14 @@ class GradientLearner:
             *[e.grad for e in estimates])
         updates, opt_state = self.outer_opt.update(grad, state.opt_state, state.theta)
         apply = total > 0
-        new = LearnerState(theta=tree_where(apply, optax.apply_updates(state.theta, updates), state.theta),
-                           opt_state=tree_where(apply, opt_state, state.opt_state),
-                           step=state.step + apply.astype(jnp.int32))
+        theta = tree_where(apply, optax.apply_updates(state.theta, updates), state.theta)
+        theta_avg = state.theta_avg
+        if self.theta_ema is not None:
+            d = self.theta_ema
+            theta_avg = tree_where(apply, jax.tree_util.tree_map(lambda a, t: (d * a + (1.0 - d) * t).astype(a.dtype),
+                                                                 state.theta_avg, theta), state.theta_avg)
+        new = LearnerState(theta=theta, opt_state=tree_where(apply, opt_state, state.opt_state),
+                           step=state.step + apply.astype(jnp.int32), theta_avg=theta_avg)
         losses = jnp.stack([zero_if_dropped(e.loss, ok) for e, ok in zip(estimates, valid)])
         metrics = {
             "meta_loss": jnp.where(apply, jnp.sum(losses * w) / denom, jnp.nan),

@@ -46,7 +46,7 @@ COMPARISON_SEED_OFFSET = 10_000  # the comparison's key is the run's seed + this
 
 
 def check_run_arguments(*, eval_num_tasks: int, eval_num_steps: int, eval_adam_lrs: Sequence[float],
-                        num_workers: int) -> None:
+                        num_workers: int, theta_ema: Optional[float] = None) -> None:
     """Refuses settings of a run that could only fail after meta-training, before anything is built.
 
     Args:
@@ -54,10 +54,11 @@ def check_run_arguments(*, eval_num_tasks: int, eval_num_steps: int, eval_adam_l
       eval_num_steps: inner steps of each comparison run.
       eval_adam_lrs: Adam's learning-rate grid in the comparison.
       num_workers: Ray worker actors (0: meta-train in this process).
+      theta_ema: the decay of the moving average of theta (None: none); local runs only.
 
     Raises:
-      ValueError: a negative `eval_num_tasks` or `num_workers`, or a comparison without inner steps
-        or learning rates; the message names the `train.` binding to change.
+      ValueError: a negative `eval_num_tasks` or `num_workers`, a comparison without inner steps
+        or learning rates, or `theta_ema` with Ray workers; the message names the `train.` binding to change.
     """
     if eval_num_tasks < 0:
         raise ValueError(f"train.eval_num_tasks must be >= 0 (0: no comparison with Adam), got {eval_num_tasks}")
@@ -67,6 +68,10 @@ def check_run_arguments(*, eval_num_tasks: int, eval_num_steps: int, eval_adam_l
                          f"{eval_num_steps}, eval_adam_lrs={tuple(eval_adam_lrs)}; set them, or eval_num_tasks = 0")
     if num_workers < 0:
         raise ValueError(f"train.num_workers must be >= 0 (0: no Ray workers), got {num_workers}")
+    if theta_ema is not None and num_workers > 0:
+        raise ValueError(f"train.theta_ema = {theta_ema} (averaging theta) is supported by local meta-training only, "
+                         f"not with Ray workers (train.num_workers = {num_workers}); set train.num_workers = 0, or "
+                         f"remove train.theta_ema")
 
 
 def worker_copies(num_workers: int, num_estimators: int) -> int:
@@ -86,7 +91,8 @@ def worker_copies(num_workers: int, num_estimators: int) -> int:
 
 def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_sched: TruncationSchedule,
               estimators: Sequence[Callable], outer_opt: optax.GradientTransformation,
-              meta_loss_split: Optional[str] = None, copies: int = 1) -> tuple:
+              meta_loss_split: Optional[str] = None, copies: int = 1,
+              theta_ema: Optional[float] = None) -> tuple:
     """The GradientLearner and the estimators of a run (nothing is compiled).
 
     Args:
@@ -97,13 +103,15 @@ def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_s
       outer_opt: the optax optimizer of theta.
       meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
       copies: how many times the estimator list is repeated (each copy has its own particles).
+      theta_ema: the learner's moving average of theta (`GradientLearner(theta_ema=...)`; None: none).
 
     Returns:
       (GradientLearner, [estimator, ...]) with `copies * len(estimators)` estimators, all on one
       `LOptTruncatedStep`.
     """
     step = ot.LOptTruncatedStep(task_family, learned_opt, trunc_sched, meta_loss_split=meta_loss_split)
-    return ot.GradientLearner(learned_opt, outer_opt), [make(step) for _ in range(copies) for make in estimators]
+    learner = ot.GradientLearner(learned_opt, outer_opt, theta_ema=theta_ema)
+    return learner, [make(step) for _ in range(copies) for make in estimators]
 
 
 def make_meta_evaluator(learned_opt: LearnedOptimizer, task_family: TaskFamily, tasks: Optional[Sequence[Any]] = None,
@@ -233,7 +241,7 @@ def compare_with_adam(task_family: TaskFamily, learned_opt: LearnedOptimizer, th
     Args:
       task_family: the family meta-trained on, drawn again for held-out tasks.
       learned_opt: the learned optimizer meta-trained.
-      theta: its meta-trained parameters.
+      theta: its meta-trained parameters (a run's `final_theta`).
       output_dir: where `COMPARISON_FILE` goes.
       num_tasks: held-out tasks (the protocol's seeds).
       num_steps: inner steps of each run.

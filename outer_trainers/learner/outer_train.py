@@ -12,7 +12,9 @@ With `output_dir`:
     metrics.jsonl        one JSON object per logged step (the same scalars as TensorBoard)
     tb/                  TensorBoard event files (tensorboardX)
     checkpoints/         full OuterTrainState checkpoints (see outer_trainers.runs.checkpoint_manager)
-    theta_final.msgpack  the final theta (load it with `lopt.load_theta`)
+    theta_final.msgpack  the final theta (load it with `lopt.load_theta`): `OuterTrainState.final_theta`,
+                         the moving average of theta when the learner keeps one (`GradientLearner(theta_ema=...)`)
+    theta_last.msgpack   with averaging only: the last theta itself
 
 Re-running with the same `output_dir` resumes from the newest readable checkpoint and trains
 until `num_steps` outer steps in total; the result is bit-identical to an uninterrupted run.
@@ -59,7 +61,7 @@ from outer_trainers.validation import check_int, check_optional_int, check_weigh
 from outer_trainers.learner.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED, Reporter, RunTotals
 from outer_trainers.learner.run_records import estimator_labels, run_metadata
-from outer_trainers.runs.run_checkpoints import THETA_FINAL, RunCheckpoints
+from outer_trainers.runs.run_checkpoints import THETA_FINAL, THETA_LAST, RunCheckpoints
 
 
 @struct.dataclass
@@ -81,6 +83,15 @@ class OuterTrainState:
     def theta(self) -> Any:
         """The current theta (`learner_state.theta`)."""
         return self.learner_state.theta
+
+    @property
+    def final_theta(self) -> Any:
+        """The run's result: the moving average of theta when the learner keeps one (`theta_ema`), else theta.
+
+        It is what theta_final.msgpack holds and what meta-evaluation evaluates.
+        """
+        avg = self.learner_state.theta_avg
+        return self.learner_state.theta if avg is None else avg
 
     @property
     def step(self) -> int:
@@ -208,7 +219,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         overwrite: with `output_dir`, start a new run even where it holds a previous run's results, deleting
             them (metrics.jsonl, tb/, checkpoints/, theta_final.msgpack) first; otherwise a new run there is
             refused.
-        meta_evaluator: `meta_evaluator(theta) -> {name: float}` (e.g. a MetaEvaluator); its metrics join
+        meta_evaluator: `meta_evaluator(theta) -> {name: float}` (e.g. a MetaEvaluator) of `state.final_theta` (the
+            moving average of theta when the learner keeps one); its metrics join
             the step's log and feed "best" checkpoints (`checkpoint_policy.best_metric`).
         eval_every: run `meta_evaluator` every this many steps (0: never).
         tensorboard: also write TensorBoard event files.
@@ -264,10 +276,23 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
             state, metrics = outer_step(learner, estimators, state, i, weights)
             logged = reporter.report(i + 1, metrics, labels=estimator_labels(estimators),
                                      inner_steps=sum(e.inner_steps_per_estimate for e in estimators),
-                                     theta=state.theta)
+                                     theta=state.final_theta)
             run.save(i + 1, state, reporter.totals(), logged, final=i + 1 == target)
             if logged is not None and callback is not None:
                 callback(i + 1, state, logged)
     if output_dir is not None:
-        save_theta(os.path.join(output_dir, THETA_FINAL), learner.learned_opt, state.theta)
+        save_final_theta(output_dir, learner, state)
     return state
+
+
+def save_final_theta(output_dir: str, learner: GradientLearner, state: OuterTrainState) -> None:
+    """Writes theta_final.msgpack (`state.final_theta`) and, when the state holds an average, theta_last.msgpack.
+
+    Args:
+        output_dir: the run's directory.
+        learner: the run's GradientLearner (its learned optimizer is recorded with theta).
+        state: the run's final OuterTrainState.
+    """
+    save_theta(os.path.join(output_dir, THETA_FINAL), learner.learned_opt, state.final_theta)
+    if state.learner_state.theta_avg is not None:
+        save_theta(os.path.join(output_dir, THETA_LAST), learner.learned_opt, state.theta)

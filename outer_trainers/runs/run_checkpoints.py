@@ -49,7 +49,8 @@ from outer_trainers.runs.summaries import METRICS_FILE, TB_DIR
 logger = logging.getLogger("outer_trainers")
 CHECKPOINT_DIR = "checkpoints"
 THETA_FINAL = "theta_final.msgpack"
-RUN_RESULTS = (METRICS_FILE, TB_DIR, CHECKPOINT_DIR, THETA_FINAL)
+THETA_LAST = "theta_last.msgpack"  # the last theta, beside theta_final (its moving average) when a run averages
+RUN_RESULTS = (METRICS_FILE, TB_DIR, CHECKPOINT_DIR, THETA_FINAL, THETA_LAST)
 OVERWRITE_ADVICE = ("pass overwrite=True (outer_train, train.overwrite, or --overwrite on scripts/outer_train.py) "
                     "to delete them and start a new run")
 
