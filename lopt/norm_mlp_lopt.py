@@ -40,19 +40,25 @@ diverged. Vectors (biases, norm scales; often initialised at 0 or 1) take absolu
 
 With `fan_in_ref` c₀ > 0 (and `relative_step`) the matrix scale is μP's for Adam-type updates,
 
-    ρ(p) = max(rms(p₀), `relative_floor`) · √(c₀ / fan_in(p))      fan_in = ∏ shape[:-1]
+    ρ(p) = max(rms(p₀), `relative_floor`) · √(c₀ / fan_in(p))      fan_in = ∏ shape[reduction axes]
 
-(every axis but the last, the output axis of flax/haiku dense and conv kernels): μP (and μLO, 2024)
-gives hidden matrices of an Adam-like optimizer a step ∝ 1/fan_in; a standard init supplies
-rms(p₀) ∝ 1/√fan_in and this factor the other 1/√fan_in, so a layer c₀ wide takes the step it
-would without it, and wider layers proportionally smaller ones.
+μP (and μLO, 2024) gives hidden matrices of an Adam-like optimizer a step ∝ 1/fan_in; a standard
+init supplies rms(p₀) ∝ 1/√fan_in and this factor the other 1/√fan_in, so a layer c₀ wide takes the
+step it would without it, and wider layers proportionally smaller ones. Which axes are a weight's
+inputs is its role (`lopt.param_roles`, inferred from each leaf's path and shape, or stated with
+`opt_fn`'s `weight_dimension_numbers`): a dense [in, out] kernel's fan-in is in, a conv kernel's
+∏ spatial · in, an attention query/key/value kernel [d_model, heads, head_dim]'s d_model and its
+output kernel [heads, head_dim, d_model]'s heads · head_dim. An embedding table [vocab, features]
+(μP: input-like, read one row per token) takes max(rms(p₀), floor) with no fan-in factor; biases
+and norm scales (also flax's [heads, head_dim] attention biases) are vectors: absolute steps,
+η_vector and `vector_rule`. Without `relative_step` only the vector/non-vector split is used.
 
 The last layers of both MLPs start at zero (the step-size head) or small (the residual,
 × `residual_init`), so a fresh theta is normalized Adam at `base_lr`: a small, safe optimizer.
 No theta can make an element's step larger than base_lr · e^range · c (times ρ(p)).
 
-With `vector_rule="adam"` (Celo2's deployment: Adam for 1-D parameters), tensors of ndim < 2
-skip the MLP and the normalization: Δp = −η_vector · a.
+With `vector_rule="adam"` (Celo2's deployment: Adam for 1-D parameters), vectors skip the MLP
+and the normalization: Δp = −η_vector · a.
 
 How it is computed: each feature's RMS normalisation is folded into the residual MLP's
 first-layer weights, and the MLP runs as unrolled multiply-adds over blocks of `BLOCK` elements,
@@ -68,6 +74,7 @@ import jax.numpy as jnp
 import optax
 
 from lopt import features as ft
+from lopt import param_roles
 from lopt.base import LearnedOptimizer, added_option
 from lopt.moment_features import accumulate, feature_sum_squares, leaf_features, momentum_index
 from lopt.nn import dense_init, elementwise_mlp
@@ -138,7 +145,7 @@ class NormMLPLOpt(LearnedOptimizer):
       relative_floor: the smallest weight scale a relative step uses (> 0), so a matrix that starts
         at zero still moves.
       fan_in_ref: c₀ ≥ 0; with `relative_step`, multiply each matrix's scale by √(c₀ / fan_in), μP's
-        1/fan_in step for Adam-type updates (0: off).
+        1/fan_in step for Adam-type updates (0: off); fan_in from each leaf's role (`lopt.param_roles`).
     """
 
     hidden_size: int = 16
@@ -239,21 +246,26 @@ class NormMLPLOpt(LearnedOptimizer):
         s = h @ theta["lr"]["output"]["w"] + theta["lr"]["output"]["b"]
         return self.base_lr * jnp.exp(self.log_lr_range * jnp.tanh(s))
 
-    def step_scale(self, p: jax.Array) -> jax.Array:
-        """ρ(p) of a tensor at init: max(rms(p), relative_floor) (· √(fan_in_ref / fan_in) with `fan_in_ref`)
-        for ndim ≥ 2 with `relative_step`, else 1.
+    def step_scale(self, p: jax.Array, role: Optional[param_roles.ParamRole] = None) -> jax.Array:
+        """ρ(p) of a tensor at init, with `relative_step`: max(rms(p), relative_floor) for a matrix
+        (· √(fan_in_ref / fan_in) with `fan_in_ref`) or an embedding; 1 for a vector, and without
+        `relative_step`.
 
         Args:
           p: a parameter tensor (the value the optimizer state is initialised with).
+          role: its `param_roles.ParamRole`; None: inferred from its shape alone (no path), so a
+            rank ≥ 3 tensor is read as a conv kernel, with a warning.
 
         Returns:
           float32 [].
         """
-        if not self.relative_step or jnp.ndim(p) < 2 or jnp.size(p) == 0:
+        if role is None:
+            role = param_roles.infer(p)
+        if not self.relative_step or role.kind == "vector" or jnp.size(p) == 0:
             return jnp.ones((), jnp.float32)
         scale = jnp.maximum(_rms(jnp.asarray(p, jnp.float32)), self.relative_floor)
-        if self.fan_in_ref > 0:
-            scale = scale * math.sqrt(self.fan_in_ref / math.prod(jnp.shape(p)[:-1]))
+        if self.fan_in_ref > 0 and role.kind == "matrix":
+            scale = scale * math.sqrt(self.fan_in_ref / role.fan_in(jnp.shape(p)))
         return scale
 
     def prior_schedule(self, iteration: jax.Array, num_steps: Optional[Any]) -> jax.Array:
@@ -274,8 +286,8 @@ class NormMLPLOpt(LearnedOptimizer):
         warm = jnp.minimum((t + 1.0) / jnp.maximum(1.0, jnp.ceil(WARMUP_FRACTION * n)), 1.0)
         return warm * 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t / n, 1.0)))
 
-    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
-               is_training: bool = False) -> optax.GradientTransformationExtraArgs:
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False,
+               weight_dimension_numbers: Any = None, strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
         """The optimizer theta defines (the update is in the module docstring).
 
         Args:
@@ -284,11 +296,18 @@ class NormMLPLOpt(LearnedOptimizer):
             traced; None: unknown).
           is_training: accepted for the `LearnedOptimizer` interface and ignored: the update is the
             same while meta-training and after.
+          weight_dimension_numbers: each parameter's role and input axes where inference from its
+            path and shape should not decide (`lopt.param_roles.infer`): a pytree (the params'
+            structure or a prefix) of `param_roles.ParamRole` / `optax.contrib.MuonDimensionNumbers`
+            / None, or a callable (path, shape) -> one of them. None: infer every role.
+          strict_roles: raise on a parameter whose input axes inference cannot read (a rank ≥ 3
+            leaf outside a known layer), instead of warning once and reading it as a conv kernel.
 
         Returns:
           An `optax.GradientTransformationExtraArgs`; its update reads `params` and, optionally, `loss`.
         """
         del is_training
+        roles_of = lambda params: param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
         self.check_theta(theta, "NormMLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mlp = theta["mlp"]
@@ -301,8 +320,8 @@ class NormMLPLOpt(LearnedOptimizer):
             k = len(self.decays)
             momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((k,) + jnp.shape(p), jnp.float32), params)
             second = jax.tree_util.tree_map(ft.zeros_like_f32, params)
-            return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(),
-                                    jax.tree_util.tree_map(self.step_scale, params))
+            scales = jax.tree_util.tree_map(self.step_scale, params, roles_of(params))
+            return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(), scales)
 
         def residual(g32: jax.Array, p32: jax.Array, m: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:
             """The learned residual r [n] of one tensor (g, p, v [n], m [K, n]).
@@ -324,11 +343,12 @@ class NormMLPLOpt(LearnedOptimizer):
 
             return ft.blockwise_map(block, n, c, 1, like=g32)[0]
 
-        def update_leaf(g, p, m, v, scale, t, bias, lrs):
+        def update_leaf(g, p, m, v, scale, role, t, bias, lrs):
+            """(Δp in float32, new m, new v) of one tensor."""
             shape, k = jnp.shape(p), len(self.decays)
             n = math.prod(shape)
             if n == 0:
-                return jnp.zeros_like(p), m, v
+                return jnp.zeros(shape, jnp.float32), m, v
             g32, p32 = jnp.asarray(g, jnp.float32).reshape(-1), jnp.asarray(p, jnp.float32).reshape(-1)
             # in the tensor's own shape (see `accumulate`), then flat
             m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
@@ -337,7 +357,7 @@ class NormMLPLOpt(LearnedOptimizer):
             m_hat = m[self._mom_idx] / (1.0 - self.decays[self._mom_idx] ** t1)
             v_hat = v / (1.0 - self.rms_decay ** t1)
             adam = m_hat / (jnp.sqrt(v_hat) + 1e-8)
-            is_matrix = len(shape) >= 2
+            is_matrix = role.kind != "vector"
             lr = lrs[0] if is_matrix else lrs[1]
             if not is_matrix and self.vector_rule == "adam":
                 step = lr * adam
@@ -346,7 +366,7 @@ class NormMLPLOpt(LearnedOptimizer):
                 if self.residual_bound > 0:
                     r = self.residual_bound * jnp.tanh(r / self.residual_bound)
                 u = adam + r
-                if self.orthogonalize and len(shape) == 2 and min(shape) > 1:
+                if self.orthogonalize and role.kind == "matrix" and len(shape) == 2 and min(shape) > 1:
                     mat = u.reshape(shape)
                     u = ortho.update(mat, ortho.init(mat))[0].reshape(-1)
                 if self.normalize_update:
@@ -354,7 +374,7 @@ class NormMLPLOpt(LearnedOptimizer):
                 u = jnp.clip(u, -self.clip_value, self.clip_value)
                 step = lr * u
             step = step * scale
-            return ((-step).reshape(shape).astype(jnp.result_type(p)), m.reshape((k,) + shape), v.reshape(shape))
+            return (-step).reshape(shape), m.reshape((k,) + shape), v.reshape(shape)
 
         def update_fn(updates, state, params=None, **extra_args):
             ft.require_params(updates, params, "NormMLPLOpt")
@@ -362,10 +382,12 @@ class NormMLPLOpt(LearnedOptimizer):
             t = state.iteration
             lrs = self.step_sizes(theta, t, num_steps, loss_feats) * self.prior_schedule(t, num_steps)
             bias = mlp["input"]["b"] + ft.step_embedding(t, self.timescales) @ mlp["input"]["w_time"]
-            treedef, gs, (ps, ms, vs, ss) = ft.leaves_of(updates, params, state.momenta, state.second_moment,
-                                                         state.scales)
-            leaves = [update_leaf(g, p, m, v, sc, t, bias, lrs) for g, p, m, v, sc in zip(gs, ps, ms, vs, ss)]
-            new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
-            return new_updates, NormMLPLOptState(momenta, second, t + 1, loss_state, state.scales)
+            treedef, gs, (ps, ms, vs, ss, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment,
+                                                             state.scales, roles_of(params))
+            leaves = [update_leaf(g, p, m, v, sc, r, t, bias, lrs) for g, p, m, v, sc, r in zip(gs, ps, ms, vs, ss, rs)]
+            steps, momenta, second = ([list(x) for x in zip(*leaves)] if leaves else ([], [], []))
+            new_updates = treedef.unflatten([s.astype(jnp.result_type(p)) for s, p in zip(steps, ps)])
+            return new_updates, NormMLPLOptState(treedef.unflatten(momenta), treedef.unflatten(second), t + 1,
+                                                 loss_state, state.scales)
 
         return optax.GradientTransformationExtraArgs(init_fn, update_fn)

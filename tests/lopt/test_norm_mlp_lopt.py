@@ -166,11 +166,12 @@ def test_relative_step_and_cosine_prior_schedule():
 
 
 def test_fan_in_ref_gives_mup_steps():
-    """With fan_in_ref c₀ a matrix's relative step is also scaled by √(c₀ / fan_in), fan_in the product
-    of every axis but the last: a [4, 3] matrix at c₀ = 16 steps 2x, a [2, 2, 4, 5] conv kernel
-    (fan_in 16) 1x; vectors stay absolute. Off (0), the steps are relative_step's alone."""
+    """With fan_in_ref c₀ a matrix's relative step is also scaled by √(c₀ / fan_in), fan_in from the
+    leaf's role (lopt.param_roles; tests/lopt/test_param_roles.py checks every layer kind): a [4, 3]
+    dense kernel at c₀ = 16 steps 2x, a [2, 2, 4, 5] conv kernel (fan_in 2·2·4 = 16) 1x; vectors stay
+    absolute. Off (0), the steps are relative_step's alone."""
     kw = dict(base_lr=0.1, normalize_update=False, relative_step=True, relative_floor=1e-2, **TINY)
-    params = {"w": jnp.full((4, 3), 2.0), "k": jnp.full((2, 2, 4, 5), 0.5), "b": jnp.zeros((3,))}
+    params = {"w": jnp.full((4, 3), 2.0), "conv": {"w": jnp.full((2, 2, 4, 5), 0.5)}, "b": jnp.zeros((3,))}
     grads = jax.tree_util.tree_map(lambda p: jnp.ones_like(p), params)
 
     def first(lo):
@@ -182,8 +183,8 @@ def test_fan_in_ref_gives_mup_steps():
     plain, mup = first(lopt.NormMLPLOpt(**kw)), first(lopt.NormMLPLOpt(fan_in_ref=16.0, **kw))
     np.testing.assert_allclose(plain["w"], -0.1 * 2.0, rtol=1e-4)
     np.testing.assert_allclose(mup["w"], -0.1 * 2.0 * 2.0, rtol=1e-4)
-    np.testing.assert_allclose(mup["k"], plain["k"], rtol=1e-6)
-    np.testing.assert_allclose(mup["k"], -0.1 * 0.5, rtol=1e-4)
+    np.testing.assert_allclose(mup["conv"]["w"], plain["conv"]["w"], rtol=1e-6)
+    np.testing.assert_allclose(mup["conv"]["w"], -0.1 * 0.5, rtol=1e-4)
     np.testing.assert_allclose(mup["b"], plain["b"], rtol=1e-6)
     assert lopt.NormMLPLOpt(fan_in_ref=16.0, **kw).config()["fan_in_ref"] == 16.0
     with pytest.raises(ValueError, match="needs relative_step"):
