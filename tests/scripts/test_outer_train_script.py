@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import gin
+import jax
 import pytest
 
 import lopt
@@ -34,6 +35,10 @@ def test_quickstart_runs_with_overridden_steps(tmp_path):
     assert [l["step"] for l in lines] == [1, 2, 3]
     lo, theta = lopt.load_learned_optimizer(str(out / "theta_final.msgpack"))
     assert isinstance(lo, lopt.MLPLOpt)
+    # the quickstart averages theta (train.theta_ema): theta_final is the average, theta_last the last theta
+    assert "train.theta_ema = 0.99" in (out / "config.gin").read_text()
+    _, last = lopt.load_learned_optimizer(str(out / "theta_last.msgpack"))
+    assert jax.tree_util.tree_structure(last) == jax.tree_util.tree_structure(theta)
     table = (out / "comparison.md").read_text()
     assert "| learned |" in table and "(best Adam)" in table
     assert "| learned |" in r.stdout
