@@ -212,8 +212,9 @@ def block_size(n: int) -> int:
     small models that meta-training runs vmapped over many particles get blocks of 1024
     parameters (a batch of blocks stays in cache), the million-parameter tensors of a model
     trained on its own blocks of 32768 (few loop iterations). The blocks of `blockwise_map` are
-    computed independently, so c changes speed only, never the values (an architecture's
-    `chunk_size` overrides it).
+    computed independently, so c changes speed, not the function computed: the values agree up
+    to float32 rounding (XLA may round GEMMs of other widths differently). An architecture's
+    `chunk_size` overrides it.
 
     Args:
       n: the tensor's number of parameters (≥ 1).

@@ -13,18 +13,18 @@ hidden -> (d, m) and the update is
 
     Δp = −d · exp(m · exp_mult) · step_mult.
 
-How it is computed (the values are those above; only speed depends on it). The step embedding
-(and, with `use_num_steps`, the progress features) is constant over a tensor, so its first-layer
-contribution is computed once per update and added as a bias (the per-parameter matmul is F
-wide, not F + T). The per-tensor RMS normalisation is folded into the first layer's rows,
-W1' = diag(1/rms) W1, so features are never rescaled. A tensor of n ≥ `column_min_size`
-parameters is processed in blocks of c = `chunk_size` parameters, by default
-`features.block_size(n)` (a function of n alone); the last block overlaps the one before it, so
-every block is full. Each block's [F, c] features are formed from slices of the accumulators and
-the MLP runs on them column-major, h = relu(W1'ᵀ x + b), writing the block's update in place: no
-[F, n] feature array or [H, n] activation exists. The sums of squares behind the RMS are taken
-block by block on big tensors (`features.blockwise_sum`). Smaller tensors use a row-major MLP on
-their [n, F] features.
+How it is computed (the function is the one above; the layout changes speed and float32
+rounding only). The step embedding (and, with `use_num_steps`, the progress features) is
+constant over a tensor, so its first-layer contribution is computed once per update and added as
+a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS normalisation is
+folded into the first layer's rows, W1' = diag(1/rms) W1, so features are never rescaled. A
+tensor of n ≥ `column_min_size` parameters is processed in blocks of c = `chunk_size`
+parameters, by default `features.block_size(n)` (a function of n alone); the last block overlaps
+the one before it, so every block is full. Each block's [F, c] features are formed from slices
+of the accumulators and the MLP runs on them column-major, h = relu(W1'ᵀ x + b), writing the
+block's update in place: no [F, n] feature array or [H, n] activation exists. The sums of
+squares behind the RMS are taken block by block on big tensors (`features.blockwise_sum`).
+Smaller tensors use a row-major MLP on their [n, F] features.
 
 Under `jax.vmap` over models every block product is one batched GEMM when each model has its own
 theta, as the estimators' perturbed particles do. Models that share one theta (vmap `in_axes=None`)

@@ -29,3 +29,27 @@ def test_breakdown_parts():
     assert 0.008 < diffs.std() < 0.012
     grad = fns["TruncatedPES (all of it)"]()
     assert jax.tree_util.tree_structure(grad) == jax.tree_util.tree_structure(theta)
+
+
+def test_floor_trains_each_particle_with_its_own_copy_of_theta():
+    """The floor (each particle vmapped with its own copy of θ) gives each particle the mean loss
+    of the same training run done alone: task, init and steps from its key, the learned optimizer
+    at θ."""
+    lo = lopt.MLPLOpt(hidden_size=4)
+    theta = lo.init(jax.random.key(0))
+    family = tasks.QuadraticFamily(dim=300)  # a 300-parameter vector: MLPLOpt's blocked column-major path
+    got = be.floor_fn(family, lo, theta, 2, 3)()
+    want = []
+    for key in jax.random.split(jax.random.key(0), 2):
+        task = family.task_fn(family.sample(key))
+        params, ms = task.init_with_state(key)
+        tx = lo.opt_fn(theta)
+        state, losses = tx.init(params), []
+        for k in jax.random.split(key, 3):
+            (loss, ms), g = jax.value_and_grad(task.loss_with_state, has_aux=True)(params, ms, k, None)
+            upd, state = tx.update(g, state, params, loss=loss)
+            params = jax.tree_util.tree_map(lambda p, u: p + u, params, upd)
+            losses.append(loss)
+        want.append(np.mean(losses))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert want[0] != want[1]
