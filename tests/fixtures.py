@@ -45,3 +45,13 @@ def metrics_lines(output_dir: Union[str, os.PathLike]) -> list[dict]:
     """The JSON objects of `output_dir`/metrics.jsonl, one per logged step, in order."""
     with open(os.path.join(output_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def builtin_architectures() -> list[str]:
+    """The learned-optimizer architectures lopt itself defines, sorted.
+
+    `lopt.architectures()` also lists classes that tests (or a user's notebook) defined and
+    registered; tests that must cover exactly lopt's own architectures iterate over these.
+    """
+    import lopt
+    return [n for n in lopt.architectures() if lopt.architecture(n).__module__.startswith("lopt.")]

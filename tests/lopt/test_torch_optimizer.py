@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch", reason='PyTorch is not installed: pip insta
 
 import lopt  # noqa: E402
 import lopt.torch as lt  # noqa: E402
+from tests.fixtures import builtin_architectures
 
 
 @pytest.fixture(autouse=True)
@@ -61,7 +62,7 @@ def random_source(name):
 
 
 def test_every_architecture_has_a_torch_rule():
-    assert lt.supported_architectures() == lopt.architectures()
+    assert lt.supported_architectures() == builtin_architectures()
 
 
 def test_import_lopt_does_not_import_torch():
@@ -79,7 +80,7 @@ def test_shipped_optimizer_trains_a_torch_mlp_on_digits(name):
     assert np.isfinite(losses).all() and end < 0.25 * start, (start, end)
 
 
-@pytest.mark.parametrize("name", lopt.architectures() + ["normmlp_v3"])
+@pytest.mark.parametrize("name", builtin_architectures() + ["normmlp_v3"])
 def test_state_dict_round_trip_resumes_bit_identically(name):
     """50 steps, state_dict through torch.save, a fresh model and optimizer loaded, 50 more: the
     same parameters, bit for bit, as 100 steps without the interruption."""
