@@ -55,3 +55,13 @@ def builtin_architectures() -> list[str]:
     """
     import lopt
     return [n for n in lopt.architectures() if lopt.architecture(n).__module__.startswith("lopt.")]
+
+
+def single_torch_thread():
+    """Run a test with one torch thread (tiny tensors: a second OpenMP thread only adds waits, and
+    stalls on a loaded 2-core machine); restores the previous count. Use as a pytest fixture body."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -12,28 +12,12 @@ rate with a diverged seed loses). While the best rate is the grid's smallest or 
 times); a best rate still on an edge after that is reported (`grid_edge`). Test data never enters
 tuning. An optimizer that is not tuned (a learned one) runs once per seed (`run_fixed`).
 
-Scores of an optimizer L against a tuned baseline B on one task of T steps (`scores`:
-`compare_runs`), every statistic a median over seeds::
+Scores of an optimizer against a tuned baseline (`scores.compare_runs`): final train and held-out
+loss ratios, time to reach, speedup and VeLOdrome, each a median over seeds; the formulas are in
+`scores`' module docstring, with the rule for diverged runs.
 
-    final train loss   f = mean train loss over the last w = max(1, T // 10) steps (`final_loss`)
-    held-out loss      e = mean loss over batches of the task's eval split after training
-    ratios             f_L / f_B  and  e_L / e_B                  (< 1: L is better)
-    smoothed curve     c(t) = mean of the train losses of steps t-w+1 .. t, for t >= w (1-based)
-    time to reach      t_L = the first step t with median_seeds c_L(t) <= f_B  (the baseline's final loss)
-    speedup            T / t_L  when L reaches f_B within T steps;  otherwise t_B / T, where t_B is the
-                       first step at which the baseline's curve reaches f_L (so speedup < 1 means L is slower)
-    VeLOdrome          v_B / T, v_B the first step at which the baseline's curve reaches f_L; inf ("> budget")
-                       when it does not within T steps (against tuned Adam: VeLO's VeLOdrome metric)
-    collapsed          f_L >= 0.95 x the task's trivial loss (an optional `trivial_loss` of the Task: the loss
-                       of predicting the mean output, say); without one, f_L >= the initial loss
-
-The curve is the same trailing mean that defines the final loss, so c_B(T) = f_B and a single lucky
-minibatch cannot "reach" a target. A run with a non-finite train or held-out loss on any seed is
-diverged: a diverged L scores ratio inf, speedup 0 and VeLOdrome 0 (and is reported as diverged, not
-as a number); a baseline whose every rate diverged scores ratio 0 and speedup and VeLOdrome inf for L.
-
-Across tasks (`aggregate.summarize`): wins per metric (f_L < f_B, e_L < e_B, speedup > 1), the
-interquartile mean (`iqm`) of each ratio, of the speedups and of the VeLOdrome ratios, each with a
+Across tasks (`aggregate.summarize`): wins per metric (lower final train loss, lower held-out loss,
+speedup > 1), the interquartile mean (`iqm`) of each ratio, of the speedups and of the VeLOdrome ratios, each with a
 95% stratified-bootstrap interval (`iqm_interval`: seeds resampled within each task,
 scipy.stats.bootstrap, percentile method, 2000 resamples), the diverged and collapsed tasks; and
 every optimizer's performance profile (`performance_profile`: on each task, its final train loss

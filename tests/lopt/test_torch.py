@@ -25,20 +25,14 @@ torch = pytest.importorskip("torch", reason='PyTorch is not installed: pip insta
 
 import lopt  # noqa: E402
 import lopt.torch as lt  # noqa: E402
-from tests.fixtures import builtin_architectures
+from tests.fixtures import builtin_architectures, single_torch_thread
 
 SHAPES = {"dense_w": (5, 7), "dense_b": (7,), "conv_w": (3, 2, 4, 6)}  # JAX layout: [in, out], [kh, kw, in, out]
 STEPS = 100
 PARAM_TOL, TRAVEL_TOL = 1e-5, 1e-4
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny tensors: torch's second OpenMP thread only adds waits (and stalls on a loaded 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_torch_thread = pytest.fixture(autouse=True)(single_torch_thread)
 
 
 def perturbed(theta, key, rel=0.2):

@@ -17,16 +17,10 @@ torch = pytest.importorskip("torch", reason='PyTorch is not installed: pip insta
 
 import lopt  # noqa: E402
 import lopt.torch as lt  # noqa: E402
-from tests.fixtures import builtin_architectures
+from tests.fixtures import builtin_architectures, single_torch_thread
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Small models: torch's second OpenMP thread only adds waits on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+one_torch_thread = pytest.fixture(autouse=True)(single_torch_thread)
 
 
 def digits():
