@@ -43,15 +43,12 @@ With `fan_in_ref` c₀ > 0 (and `relative_step`) the matrix scale is μP's for A
     ρ(p) = max(rms(p₀), `relative_floor`) · √(c₀ / fan_in(p))      fan_in = ∏ shape[reduction axes]
 
 μP (and μLO, 2024) gives hidden matrices of an Adam-like optimizer a step ∝ 1/fan_in; a standard
-init supplies rms(p₀) ∝ 1/√fan_in and this factor the other 1/√fan_in, so a layer c₀ wide takes the
-step it would without it, and wider layers proportionally smaller ones. Which axes are a weight's
-inputs is its role (`lopt.param_roles`, inferred from each leaf's path and shape, or stated with
-`opt_fn`'s `weight_dimension_numbers`): a dense [in, out] kernel's fan-in is in, a conv kernel's
-∏ spatial · in, an attention query/key/value kernel [d_model, heads, head_dim]'s d_model and its
-output kernel [heads, head_dim, d_model]'s heads · head_dim. An embedding table [vocab, features]
-(μP: input-like, read one row per token) takes max(rms(p₀), floor) with no fan-in factor; biases
-and norm scales (also flax's [heads, head_dim] attention biases) are vectors: absolute steps,
-η_vector and `vector_rule`. Without `relative_step` only the vector/non-vector split is used.
+init supplies rms(p₀) ∝ 1/√fan_in and this factor the other 1/√fan_in. fan_in comes from each
+leaf's role (`lopt.param_roles`: inferred from path and shape, or `opt_fn`'s
+`weight_dimension_numbers`): dense [in, out]: in; conv: ∏ spatial · in; attention q/k/v [d_model,
+heads, head_dim]: d_model; attention out [heads, head_dim, d_model]: heads · head_dim. Embeddings
+(μP: input-like) take max(rms(p₀), floor), no fan-in factor; biases and norm scales (also flax's
+[heads, head_dim] attention biases) are vectors: absolute steps, η_vector, `vector_rule`.
 
 The last layers of both MLPs start at zero (the step-size head) or small (the residual,
 × `residual_init`), so a fresh theta is normalized Adam at `base_lr`: a small, safe optimizer.
@@ -59,6 +56,9 @@ No theta can make an element's step larger than base_lr · e^range · c (times �
 
 With `vector_rule="adam"` (Celo2's deployment: Adam for 1-D parameters), vectors skip the MLP
 and the normalization: Δp = −η_vector · a.
+
+With `overshoot_gain` κ > 0 every step is scaled by `lopt.overshoot_brake`'s α_t ≤ 1, which falls
+while gradients point back along the last step (an η too large for the task), else returns to 1.
 
 How it is computed: each feature's RMS normalisation is folded into the residual MLP's
 first-layer weights, and the MLP runs as unrolled multiply-adds over blocks of `BLOCK` elements,
@@ -78,6 +78,7 @@ from lopt import param_roles
 from lopt.base import LearnedOptimizer, added_option
 from lopt.moment_features import accumulate, feature_sum_squares, leaf_features, momentum_index
 from lopt.nn import dense_init, elementwise_mlp
+from lopt.overshoot_brake import overshoot_brake
 
 DECAYS = (0.5, 0.9, 0.99, 0.999)
 VECTOR_RULES = ("learned", "adam")
@@ -146,6 +147,9 @@ class NormMLPLOpt(LearnedOptimizer):
         at zero still moves.
       fan_in_ref: c₀ ≥ 0; with `relative_step`, multiply each matrix's scale by √(c₀ / fan_in), μP's
         1/fan_in step for Adam-type updates (0: off); fan_in from each leaf's role (`lopt.param_roles`).
+      overshoot_gain: κ ≥ 0 of the overshoot brake (`lopt.overshoot_brake`; 0: off). The state is
+        then an `overshoot_brake.OvershootBrakeState` around the `NormMLPLOptState`.
+      overshoot_threshold: the brake's threshold c₀ in [0, 1) on the cosine of a gradient and the last step.
     """
 
     hidden_size: int = 16
@@ -167,6 +171,8 @@ class NormMLPLOpt(LearnedOptimizer):
     relative_step: bool = False
     relative_floor: float = 1e-3
     fan_in_ref: float = added_option(0.0)
+    overshoot_gain: float = added_option(0.0)
+    overshoot_threshold: float = added_option(0.15)
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
@@ -191,6 +197,9 @@ class NormMLPLOpt(LearnedOptimizer):
             raise ValueError(f"fan_in_ref must be >= 0 (0: off), got {self.fan_in_ref}")
         if self.fan_in_ref > 0 and not self.relative_step:
             raise ValueError("fan_in_ref scales the relative step: it needs relative_step=True")
+        if not (self.overshoot_gain >= 0 and 0 <= self.overshoot_threshold < 1):
+            raise ValueError(f"overshoot_gain must be >= 0 (0: off) and overshoot_threshold in [0, 1), got "
+                             f"{self.overshoot_gain}, {self.overshoot_threshold}")
 
     @property
     def _mom_idx(self) -> int:
@@ -296,12 +305,10 @@ class NormMLPLOpt(LearnedOptimizer):
             traced; None: unknown).
           is_training: accepted for the `LearnedOptimizer` interface and ignored: the update is the
             same while meta-training and after.
-          weight_dimension_numbers: each parameter's role and input axes where inference from its
-            path and shape should not decide (`lopt.param_roles.infer`): a pytree (the params'
-            structure or a prefix) of `param_roles.ParamRole` / `optax.contrib.MuonDimensionNumbers`
-            / None, or a callable (path, shape) -> one of them. None: infer every role.
-          strict_roles: raise on a parameter whose input axes inference cannot read (a rank ≥ 3
-            leaf outside a known layer), instead of warning once and reading it as a conv kernel.
+          weight_dimension_numbers: parameters' roles and input axes, where inference should not
+            decide (`lopt.param_roles.infer`): a pytree (or prefix) of `param_roles.ParamRole` /
+            `optax.contrib.MuonDimensionNumbers` / None, or a callable (path, shape) -> one of them.
+          strict_roles: raise on a leaf whose input axes inference cannot read, instead of warning.
 
         Returns:
           An `optax.GradientTransformationExtraArgs`; its update reads `params` and, optionally, `loss`.
@@ -344,11 +351,10 @@ class NormMLPLOpt(LearnedOptimizer):
             return ft.blockwise_map(block, n, c, 1, like=g32)[0]
 
         def update_leaf(g, p, m, v, scale, role, t, bias, lrs):
-            """(Δp in float32, new m, new v) of one tensor."""
             shape, k = jnp.shape(p), len(self.decays)
             n = math.prod(shape)
             if n == 0:
-                return jnp.zeros(shape, jnp.float32), m, v
+                return jnp.zeros_like(p), m, v
             g32, p32 = jnp.asarray(g, jnp.float32).reshape(-1), jnp.asarray(p, jnp.float32).reshape(-1)
             # in the tensor's own shape (see `accumulate`), then flat
             m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
@@ -374,7 +380,7 @@ class NormMLPLOpt(LearnedOptimizer):
                 u = jnp.clip(u, -self.clip_value, self.clip_value)
                 step = lr * u
             step = step * scale
-            return (-step).reshape(shape), m.reshape((k,) + shape), v.reshape(shape)
+            return ((-step).reshape(shape).astype(jnp.result_type(p)), m.reshape((k,) + shape), v.reshape(shape))
 
         def update_fn(updates, state, params=None, **extra_args):
             ft.require_params(updates, params, "NormMLPLOpt")
@@ -385,9 +391,8 @@ class NormMLPLOpt(LearnedOptimizer):
             treedef, gs, (ps, ms, vs, ss, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment,
                                                              state.scales, roles_of(params))
             leaves = [update_leaf(g, p, m, v, sc, r, t, bias, lrs) for g, p, m, v, sc, r in zip(gs, ps, ms, vs, ss, rs)]
-            steps, momenta, second = ([list(x) for x in zip(*leaves)] if leaves else ([], [], []))
-            new_updates = treedef.unflatten([s.astype(jnp.result_type(p)) for s, p in zip(steps, ps)])
-            return new_updates, NormMLPLOptState(treedef.unflatten(momenta), treedef.unflatten(second), t + 1,
-                                                 loss_state, state.scales)
+            new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
+            return new_updates, NormMLPLOptState(momenta, second, t + 1, loss_state, state.scales)
 
-        return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+        tx = optax.GradientTransformationExtraArgs(init_fn, update_fn)
+        return overshoot_brake(tx, self.overshoot_gain, self.overshoot_threshold) if self.overshoot_gain > 0 else tx

@@ -11,8 +11,12 @@ the gin config it was meta-trained from, the command that re-creates it, the git
 meta-training steps, hours and hardware, what it was measured to do on held-out tasks against
 tuned Adam (including where it loses), the licence and the SHA-256 of the theta file, which
 `load` checks, and optionally the range of meta-training horizons ("meta_training_horizons", [min,
-max] steps; `load` warns past max). This version ships "normmlp_v3", the best, and "normmlp_v2"
-(docs/pretrained.md has their measurements and where they lose).
+max] steps; `load` warns past max). `DEPLOY_OPTIONS` holds the hyper-parameters `load` changes from
+a meta-trained config (`info` reports them as "deploy_options"): safety options that leave theta
+as it is, applied only where measured not to change the held-out results materially (normmlp_v3:
+the overshoot brake, `NormMLPLOpt.overshoot_gain`; docs/pretrained.md has the measurements). This
+version ships "normmlp_v3", the best, and "normmlp_v2" (docs/pretrained.md has their measurements
+and where they lose).
 """
 from __future__ import annotations
 
@@ -29,12 +33,18 @@ import optax
 from lopt.base import LearnedOptimizer
 from lopt.serialization import load_learned_optimizer
 
-__all__ = ["names", "load", "info", "load_learned_optimizer_by_name", "theta_path"]
+__all__ = ["names", "load", "info", "load_learned_optimizer_by_name", "deployed_learned_optimizer", "theta_path",
+           "DEPLOY_OPTIONS"]
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 # What every provenance file records (checked by `info`, so a shipped file cannot lack any of them).
 REQUIRED_INFO = ("name", "architecture", "gin_config", "command", "git_commit", "meta_training_steps",
                  "meta_training_hours", "hardware", "suite_summary", "licence", "theta_sha256")
+# name -> {hyper-parameter: value} that `load` sets on the saved config. normmlp_v3: the overshoot brake
+# (it ends the digits autoencoder's collapse; on heldout-cpu no win or loss against tuned Adam changed,
+# final train losses moved by -10%..+21%). Not normmlp_v2: there the brake moved held-out figures
+# materially (digits_conv_8x16_relu 4.7x higher, text_lstm_h48 +42%). docs/pretrained.md has both tables.
+DEPLOY_OPTIONS = {"normmlp_v3": {"overshoot_gain": 0.2}}
 
 
 def names() -> list[str]:
@@ -80,7 +90,8 @@ def info(name: str) -> dict:
       meta-trained from), "command" (the one command that re-creates it), "git_commit",
       "meta_training_steps", "meta_training_hours", "hardware", "suite_summary" (its measured
       results against tuned Adam on held-out tasks, where it loses included), "licence",
-      "theta_sha256"; and the "architecture" with its "config".
+      "theta_sha256"; the "architecture" with its "config" (as meta-trained); and "deploy_options",
+      what `load` changes in that config (`DEPLOY_OPTIONS`; {} for none).
 
     Raises:
       ValueError: `name` is not shipped, or its provenance file lacks a required entry.
@@ -91,11 +102,16 @@ def info(name: str) -> dict:
     missing = [k for k in REQUIRED_INFO if k not in record]
     if missing:
         raise ValueError(f"the provenance file of pretrained optimizer {name!r} lacks {missing}")
-    return copy.deepcopy(record)
+    record = copy.deepcopy(record)
+    record["deploy_options"] = dict(DEPLOY_OPTIONS.get(name, {}))
+    return record
 
 
 def load_learned_optimizer_by_name(name: str) -> tuple[LearnedOptimizer, Any]:
     """The shipped optimizer's architecture and theta, its file checked against the recorded SHA-256.
+
+    The architecture is the saved config as meta-trained; `load` applies `DEPLOY_OPTIONS` on top
+    (`deployed_learned_optimizer`).
 
     Args:
       name: one of `names()`.
@@ -126,29 +142,66 @@ def _load(name: str) -> tuple[dict, LearnedOptimizer, Any]:
     return record, learned_opt, theta
 
 
-def load(name: str, num_steps: Optional[int] = None) -> optax.GradientTransformationExtraArgs:
+def deployed_learned_optimizer(name: str) -> tuple[LearnedOptimizer, Any]:
+    """The architecture and theta `load` uses: the saved config with its `DEPLOY_OPTIONS` applied
+    (none: exactly `load_learned_optimizer_by_name`).
+
+    Args:
+      name: one of `names()`.
+
+    Returns:
+      (the LearnedOptimizer, theta as jax arrays).
+
+    Raises:
+      ValueError: as `load_learned_optimizer_by_name`, or deploy options the architecture does not take.
+    """
+    record, learned_opt, theta = _load(name)
+    return _deployed(name, record, learned_opt), theta
+
+
+def _deployed(name: str, record: dict, learned_opt: LearnedOptimizer) -> LearnedOptimizer:
+    options = record.get("deploy_options") or {}
+    if not options:
+        return learned_opt
+    try:
+        return type(learned_opt)(**{**learned_opt.config(), **options})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"pretrained optimizer {name!r}: its deploy_options {options} do not build "
+                         f"{learned_opt.name}: {e}") from None
+
+
+def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers: Any = None,
+         strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
     """A shipped meta-trained optimizer as an optax transform.
 
     Use it as any optax optimizer; it reads the params, so pass them (and, optionally, the loss):
-    `updates, state = tx.update(grads, state, params, loss=loss)`.
+    `updates, state = tx.update(grads, state, params, loss=loss)`. The architecture is the saved
+    one with its `DEPLOY_OPTIONS` applied (`deployed_learned_optimizer`).
 
     Args:
       name: one of `names()`.
       num_steps: the training horizon (the number of updates you will make). Required by
         optimizers meta-trained with progress features (their learned step-size schedule depends
         on the fraction of training done); others ignore it.
+      weight_dimension_numbers: which axes of each weight are its inputs, where inference from
+        the parameter's path and shape should not decide (`lopt.param_roles`; the fan-in rule of
+        `NormMLPLOpt`): a pytree of `lopt.param_roles.ParamRole` / `optax.contrib.MuonDimensionNumbers`
+        / None, or a callable (path, shape) -> one of them. None: infer every role.
+      strict_roles: raise on a parameter whose input axes cannot be inferred, instead of warning.
 
     Returns:
       An `optax.GradientTransformationExtraArgs`.
 
     Raises:
       ValueError: `name` is not shipped, its files are damaged, or `num_steps` is missing or not a
-        positive integer where the optimizer needs it.
+        positive integer where the optimizer needs it; `weight_dimension_numbers` or `strict_roles`
+        for an architecture without the fan-in rule.
 
     Warns (UserWarning) when `num_steps` exceeds the longest meta-training horizon the provenance
     records ("meta_training_horizons").
     """
     record, learned_opt, theta = _load(name)
+    learned_opt = _deployed(name, record, learned_opt)
     needs_horizon = bool(getattr(learned_opt, "use_num_steps", False))
     if num_steps is None and needs_horizon:
         raise ValueError(f"pretrained optimizer {name!r} schedules its step size by training progress: pass "
@@ -161,4 +214,10 @@ def load(name: str, num_steps: Optional[int] = None) -> optax.GradientTransforma
         warnings.warn(f"pretrained optimizer {name!r} was meta-trained on horizons of {horizons[0]}-{horizons[1]} steps; "
                       f"at num_steps={num_steps} it is outside them (docs/pretrained.md measures it at 4x: finite, but "
                       f"often ending at a higher loss than with a shorter horizon)", stacklevel=2)
-    return learned_opt.opt_fn(theta, num_steps=num_steps)
+    roles = {}
+    if weight_dimension_numbers is not None or strict_roles:
+        if not hasattr(learned_opt, "step_scale"):
+            raise ValueError(f"pretrained optimizer {name!r} ({learned_opt.name}) has no fan-in rule: "
+                             f"weight_dimension_numbers and strict_roles do not apply to it")
+        roles = dict(weight_dimension_numbers=weight_dimension_numbers, strict_roles=strict_roles)
+    return learned_opt.opt_fn(theta, num_steps=num_steps, **roles)

@@ -214,3 +214,15 @@ def test_roles_are_static_one_compilation():
         params2 = jax.tree_util.tree_map(lambda x: x * (1.0 + i), params)
         _, state = step(params2, state, grads)
     assert len(traces) == 1
+
+
+def test_pretrained_load_takes_dimension_numbers():
+    """`lopt.pretrained.load(..., weight_dimension_numbers=..., strict_roles=...)` reaches the fan-in rule."""
+    import lopt.pretrained
+    p = {"mystery": {"kernel": jnp.ones((5, 6, 7))}}
+    with pytest.raises(ValueError, match="cannot tell the input axes"):
+        lopt.pretrained.load("normmlp_v3", num_steps=10, strict_roles=True).init(p)
+    dims = {"mystery": {"kernel": optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=(1, 2))}}
+    state = lopt.pretrained.load("normmlp_v3", num_steps=10, weight_dimension_numbers=dims, strict_roles=True).init(p)
+    state = getattr(state, "inner", state)  # normmlp_v3 is deployed with the overshoot brake around its state
+    np.testing.assert_allclose(state.scales["mystery"]["kernel"], 1.0 * np.sqrt(64.0 / 5), rtol=1e-6)  # rms 1, fan_in 5
