@@ -255,7 +255,7 @@ class NormMLPLOpt(LearnedOptimizer):
         s = h @ theta["lr"]["output"]["w"] + theta["lr"]["output"]["b"]
         return self.base_lr * jnp.exp(self.log_lr_range * jnp.tanh(s))
 
-    def step_scale(self, p: jax.Array, role: Optional[param_roles.ParamRole] = None) -> jax.Array:
+    def step_scale(self, p: jax.Array, role=None) -> jax.Array:
         """ρ(p) of a tensor at init, with `relative_step`: max(rms(p), relative_floor) for a matrix
         (· √(fan_in_ref / fan_in) with `fan_in_ref`) or an embedding; 1 for a vector, and without
         `relative_step`.

@@ -40,10 +40,11 @@ _DIR = os.path.dirname(os.path.abspath(__file__))
 # What every provenance file records (checked by `info`, so a shipped file cannot lack any of them).
 REQUIRED_INFO = ("name", "architecture", "gin_config", "command", "git_commit", "meta_training_steps",
                  "meta_training_hours", "hardware", "suite_summary", "licence", "theta_sha256")
-# name -> {hyper-parameter: value} that `load` sets on the saved config. normmlp_v3: the overshoot brake
-# (it ends the digits autoencoder's collapse; on heldout-cpu no win or loss against tuned Adam changed,
-# final train losses moved by -10%..+21%). Not normmlp_v2: there the brake moved held-out figures
-# materially (digits_conv_8x16_relu 4.7x higher, text_lstm_h48 +42%). docs/pretrained.md has both tables.
+#: The hyper-parameters `load` sets on a shipped optimizer's saved config, by name. For normmlp_v3
+#: the overshoot brake, which ends the digits autoencoder's collapse; on heldout-cpu no win or loss
+#: against tuned Adam changed and final train losses moved by -10% to +16%. Not for normmlp_v2, whose
+#: held-out figures it moved materially (digits_conv_8x16_relu 4.7x higher, text_lstm_h48 +42%).
+#: docs/pretrained.md has both measurements.
 DEPLOY_OPTIONS = {"normmlp_v3": {"overshoot_gain": 0.2}}
 
 
