@@ -204,8 +204,8 @@ class LearnedOptimizer:
         """The JSON-serialisable hyper-parameters: `type(self)(**self.config())` rebuilds self.
 
         Returns:
-          {field name: value} for every field but the `speed_option`s (and the `added_option`s
-          at their default), tuples as lists.
+          {field name: value} for every field except speed options (`speed_option`) and added
+          options (`added_option`) left at their default, tuples as lists.
         """
         if not _declares_fields(type(self)):
             raise NotImplementedError(f"{type(self).__name__} writes its own __init__, so it must write config()")

@@ -175,8 +175,11 @@ def trivial_loss_of(task: Any) -> Optional[float]:
 def collapsed(final, initial, trivial_loss=None, margin: float = COLLAPSE_MARGIN) -> np.ndarray:
     """Whether runs ended no better than a trivial predictor (module docstring).
 
-    collapsed = final >= (1 - margin) * trivial_loss   when the trivial loss is known,
-                final >= initial                        otherwise;
+    ::
+
+        collapsed = final >= (1 - margin) * trivial_loss   when the trivial loss is known,
+                    final >= initial                        otherwise;
+
     never for a non-finite final loss (that run diverged: `diverged`).
 
     Args:
