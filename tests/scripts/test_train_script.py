@@ -13,6 +13,7 @@ import pytest
 import lopt
 import tasks
 from outer_trainers.runs.summaries import read_event_scalars
+from tests.fixtures import metrics_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "train.py")
@@ -55,7 +56,7 @@ def test_configs_bind_a_task_and_an_optimizer(name):
 def test_adam_run_writes_metrics_tensorboard_checkpoints_and_result_and_resumes(main, tmp_path):
     out = tmp_path / "run"
     result = main(CONFIGS["adam"], out)
-    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    lines = metrics_lines(out)
     assert [line["step"] for line in lines] == [0, 2, 3, 4, 6]
     assert {"eval/test/accuracy", "eval_ema/outer_valid/loss"} <= set(lines[2])
     assert "train/examples_per_s_per_device" in lines[1]

@@ -17,6 +17,7 @@ from outer_trainers.runs import checkpoint_files as C
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import resume_job  # noqa: E402
+from tests.fixtures import metrics_lines
 
 NO_TIME = dict(every_seconds=None)
 
@@ -119,7 +120,7 @@ def test_best_checkpoints_by_metric(setup, tmp_path):
     mgr = ot.CheckpointManager(str(out / "checkpoints"), policy)
     assert [s for s, _ in mgr.list("best")] == [4, 8]
     assert mgr.best_value == 0.5
-    lines = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    lines = metrics_lines(out)
     assert [l["eval/final_loss"] for l in lines if "eval/final_loss" in l] == list(values.values())
     # "max" keeps the highest
     mx = ot.CheckpointManager(str(tmp_path / "mx"), ot.CheckpointPolicy(best_metric="acc", best_mode="max"))

@@ -1,6 +1,5 @@
 """Reporting without a loop: estimator labels, per-estimate metric names, the Reporter's logging,
 dropped-estimate counting and run totals."""
-import json
 
 import jax.numpy as jnp
 import pytest
@@ -12,6 +11,7 @@ from outer_trainers.examples.influence_balancing import InfluenceBalancing
 from outer_trainers.learner.gradient_learner import PER_ESTIMATE
 from outer_trainers.learner.run_records import estimator_labels
 from outer_trainers.runs.reporting import MetaTrainingDiverged, Reporter, RunTotals, name_metrics
+from tests.fixtures import metrics_lines
 
 
 def _pes(dim):
@@ -60,7 +60,7 @@ def test_reporter_logs_every_n_steps_the_last_and_eval_steps(tmp_path):
     assert logged[1]["meta_loss/A/x"] == 1.0 and logged[1]["num_dropped_total"] == 4
     assert logged[1]["elapsed_s"] >= 10.0 and logged[1]["inner_steps_per_s"] > 0
     assert totals.elapsed_s >= 10.0 and totals.num_dropped_total == 4
-    lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     assert [line["step"] for line in lines] == [2, 3, 4, 5]
 
 
@@ -100,7 +100,7 @@ def test_reporter_stops_after_max_consecutive_steps_that_applied_nothing(tmp_pat
     reporter.close()
     assert (info.value.step, info.value.since) == (5, 3)
     assert info.value.estimators == {"A/x": pytest.approx(2.5 / 3), "B/y": None}
-    lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    lines = metrics_lines(tmp_path)
     assert [line["step"] for line in lines] == [4, 5]  # step 5 is logged although log_every=4
     assert lines[-1]["dropped/A/x"] == 1 and lines[-1]["nonfinite_frac/A/x"] == 0.5
 

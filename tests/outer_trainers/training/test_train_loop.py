@@ -1,6 +1,5 @@
 """train_loop: evaluation at the requested steps, checkpoints by policy, logs, TensorBoard, callbacks,
 the generator form, EMA warm-up, any model, and bad arguments."""
-import json
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from outer_trainers.training.train_eval import Evaluation
 from outer_trainers.runs.summaries import Progress
 from outer_trainers.training.train_loop import TRAIN_PROGRESS_FIELDS, param_count, train_loop
 from outer_trainers.training.train_state import ema_decay_at
+from tests.fixtures import metrics_lines
 
 QUAD = tasks.QuadraticFamily(dim=4).task_fn(tasks.QuadraticFamily(dim=4).sample(jax.random.key(0)))
 NO_TIME = dict(every_seconds=None)
@@ -28,10 +28,6 @@ NO_TIME = dict(every_seconds=None)
 @pytest.fixture(scope="module")
 def mlp():
     return tasks.ImageMLPTask("digits", (8,), batch_size=32)
-
-
-def _lines(out):
-    return [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
 
 
 def _run(loop):
@@ -63,7 +59,7 @@ def test_evaluates_at_the_requested_steps_with_loss_accuracy_and_ema(mlp, tmp_pa
     names = {f"{p}/{label}/{m}" for p in ("eval", "eval_ema") for label in ("test", "ov", "small_batches")
              for m in ("loss", "accuracy")}
     assert set(r.evals) == names
-    lines = _lines(out)
+    lines = metrics_lines(out)
     assert [line["step"] for line in lines] == [0, 2, 4, 8, 12]  # log_every=100: only eval steps and the end
     for line, row in zip(lines, range(5)):
         assert names <= set(line)
@@ -109,7 +105,7 @@ def test_resume_restores_eval_history_and_ema_and_refuses_another_run(tmp_path):
     np.testing.assert_array_equal(resumed.losses, straight.losses)
     chex.assert_trees_all_equal(resumed.state, straight.state)  # params, EMA, optimizer state, key
     chex.assert_trees_all_equal(resumed.evals, straight.evals)
-    assert [line["step"] for line in _lines(out)] == [0, 3, 6, 9, 10]  # the killed session's lines past 4 dropped
+    assert [line["step"] for line in metrics_lines(out)] == [0, 3, 6, 9, 10]  # the killed session's lines past 4 dropped
     with pytest.raises(ValueError, match="eval_steps"):
         ot.train_model(QUAD, optax.adam(0.05), 10, output_dir=str(out), **dict(kw, eval_every=5))
 
@@ -126,7 +122,7 @@ def test_tensorboard_has_train_eval_throughput_and_model_tags(mlp, tmp_path):
     assert [s for s, _ in scalars["train/loss"]] == [2, 3, 4, 6]  # log steps and eval steps
     assert [s for s, _ in scalars["eval/test/accuracy"]] == [3, 6]
     assert scalars["model/num_params"] == [(0, 64 * 8 + 8 + 8 * 10 + 10)]
-    line = _lines(out)[3]  # step 4: 32 examples per step
+    line = metrics_lines(out)[3]  # step 4: 32 examples per step
     assert line["step"] == 4 and line["train/examples_per_s"] == pytest.approx(32 * line["train/steps_per_s"])
 
 
@@ -239,15 +235,15 @@ def test_resume_after_sigkill_is_bit_identical_with_ema_and_eval_history(tmp_pat
     r = run(killed, 14, 12)  # after step 10's rolling and step 8's permanent checkpoint
     assert r.returncode == -9, (r.returncode, r.stderr[-2000:])  # a real SIGKILL
     assert not (killed / "result.npz").exists()
-    assert max(line["step"] for line in _lines(killed)) == 12
+    assert max(line["step"] for line in metrics_lines(killed)) == 12
     r = run(killed, 14)
     assert r.returncode == 0, r.stderr[-2000:]
     a, b = np.load(straight / "result.npz"), np.load(killed / "result.npz")
     assert sorted(a.files) == sorted(b.files) and "eval_eval_ema/outer_valid/accuracy" in a.files
     for name in a.files:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-    assert [_comparable(x) for x in _lines(killed)] == [_comparable(x) for x in _lines(straight)]
-    assert [line["step"] for line in _lines(killed)] == [0, 3, 4, 6, 8, 9, 12, 14]
+    assert [_comparable(x) for x in metrics_lines(killed)] == [_comparable(x) for x in metrics_lines(straight)]
+    assert [line["step"] for line in metrics_lines(killed)] == [0, 3, 4, 6, 8, 9, 12, 14]
     mgr = ot.CheckpointManager(str(killed / "checkpoints"))
     assert [s for s, _ in mgr.list("rolling")] == [10, 14] and [s for s, _ in mgr.list("permanent")] == [8]
 
