@@ -13,6 +13,13 @@ Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.mlp_lopt`):
 loss features]; σ the prior schedule ("constant" or warm-up + cosine over N); ρ(p) the step
 scale fixed at the state's init (`relative_step`: max(rms(p₀), floor), times √(fan_in_ref / fan_in)
 with fan_in = ∏ of the JAX-layout shape but its last axis, the output axis).
+
+Each parameter's role (`lopt.param_roles`) is its group's `role` option: by default "matrix" from 2
+axes (the fan-in above) and "vector" below; "embedding" (e.g. nn.Embedding.weight) takes ρ without
+the fan-in factor; "vector" makes a ≥ 2-D tensor bias-like (η_vector, ρ = 1, no `orthogonalize`).
+
+With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.overshoot_brake`),
+which `TorchLearnedOptimizer.step` applies over all parameters: every Δp scaled by α_t ≤ 1.
 """
 from __future__ import annotations
 
@@ -21,8 +28,10 @@ import math
 import torch
 
 from lopt.norm_mlp_lopt import WARMUP_FRACTION
+from lopt.param_roles import KINDS
 from lopt.torch import common
 from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
+from lopt.torch.overshoot_brake import OvershootBrake
 from lopt.torch.rule import Context, Rule, register
 
 __all__ = ["NormMLPLOptRule", "newton_schulz", "NS_COEFFS", "NS_STEPS"]
@@ -54,6 +63,22 @@ def newton_schulz(x: torch.Tensor) -> torch.Tensor:
     return x.t() if transposed else x
 
 
+def role_of(param: torch.Tensor, role=None) -> str:
+    """A parameter's role kind (`lopt.param_roles.KINDS`): the group's `role` option, or by default
+    "vector" below 2 axes and "matrix" (fan_in from the JAX-layout axes but the last) from 2.
+
+    Raises:
+      ValueError: an unknown role, or "matrix" / "embedding" for a tensor of fewer than 2 axes.
+    """
+    if role is None:
+        return "vector" if param.ndim < 2 else "matrix"
+    if role not in KINDS:
+        raise ValueError(f"unknown parameter role {role!r}: use one of {KINDS} (lopt.param_roles) or None")
+    if role != "vector" and param.ndim < 2:
+        raise ValueError(f"a parameter of shape {tuple(param.shape)} cannot have the role {role!r} (fewer than 2 axes)")
+    return role
+
+
 @register("NormMLPLOpt")
 class NormMLPLOptRule(Rule):
     """`lopt.NormMLPLOpt`'s update (the math is in the module docstring).
@@ -64,16 +89,26 @@ class NormMLPLOptRule(Rule):
     """
 
     reads_loss = True
+    reads_roles = True
 
-    def init_state(self, param, axes, dtype):
+    def __init__(self, learned_opt, theta):
+        super().__init__(learned_opt, theta)
+        if learned_opt.overshoot_gain > 0:
+            self.brake = OvershootBrake(learned_opt.overshoot_gain, learned_opt.overshoot_threshold)
+
+    def init_state(self, param, axes, dtype, role=None):
         lo = self.learned_opt
+        kind = role_of(param, role)
         state = mlp_state(param, len(lo.decays), dtype)
+        if self.brake is not None:
+            state.update(self.brake.init_param_state(param))
         state["loss_state"] = torch.zeros((2,), dtype=dtype, device=param.device)
+        state["role"] = kind
         scale = torch.ones((), dtype=dtype, device=param.device)
-        if lo.relative_step and param.ndim >= 2 and param.numel() > 0:
+        if lo.relative_step and kind != "vector" and param.numel() > 0:
             p = param.detach().to(dtype)
             scale = torch.clamp(torch.sqrt(torch.mean(torch.square(p))), min=lo.relative_floor)
-            if lo.fan_in_ref > 0:
+            if lo.fan_in_ref > 0 and kind == "matrix":
                 jax_shape = [param.shape[a] for a in axes]
                 scale = scale * math.sqrt(lo.fan_in_ref / math.prod(jax_shape[:-1]))
         state["scale"] = scale
@@ -117,7 +152,8 @@ class NormMLPLOptRule(Rule):
             if it.param.numel() == 0:
                 yield torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)
                 continue
-            is_matrix = len(shape) >= 2
+            kind = it.state.get("role") or role_of(it.param)
+            is_matrix = kind != "vector"
             lr = lrs[i, 0] if is_matrix else lrs[i, 1]
             adam_only = not is_matrix and lo.vector_rule == "adam"
             leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx, self.ws)
@@ -144,7 +180,7 @@ class NormMLPLOptRule(Rule):
                     adam(s, e, out).add_(r)
 
                 u = leaf.mlp_map([(w1t, bias[i])] + rest, direction)
-                if lo.orthogonalize and len(shape) == 2 and min(shape) > 1:
+                if lo.orthogonalize and kind == "matrix" and len(shape) == 2 and min(shape) > 1:
                     mat = u.view(shape).permute(it.axes)
                     u = newton_schulz(mat).permute(it.axes).reshape(-1)  # a 2-D permutation is its own inverse
                 if lo.normalize_update:

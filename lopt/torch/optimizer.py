@@ -14,7 +14,8 @@ Each step computes, per parameter, the update Δp of the JAX transform
 (`lr`, 1 by default, is a multiplier torch's LR schedulers can scale). Torch's conventions hold:
 parameters without a gradient are skipped, options may differ per parameter group, the state is
 per parameter (with its own step count "step") and round-trips through `state_dict()` /
-`load_state_dict()`, so a resumed run continues bit for bit.
+`load_state_dict()`, so a resumed run continues bit for bit. (One entry is not per parameter: an
+architecture with the overshoot brake keeps its log α in `state["overshoot_brake"]`.)
 """
 from __future__ import annotations
 
@@ -24,12 +25,14 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from lopt.torch.layout import resolve_axes
+from lopt.torch.norm_mlp_lopt import role_of
+from lopt.torch.overshoot_brake import BRAKE_KEY
 from lopt.torch.rule import Context, Item, rule_for
 from lopt.torch.source import Source, check_horizon, resolve, theta_fingerprint
 
 __all__ = ["TorchLearnedOptimizer", "optimizer", "OPTIONS", "default_chunk"]
 
-OPTIONS = ("num_steps", "lr", "layout", "chunk_size")
+OPTIONS = ("num_steps", "lr", "layout", "chunk_size", "role")
 _TORCH_KEYS = ("params", "param_names", "initial_lr")  # keys torch itself puts in parameter groups
 
 
@@ -56,17 +59,21 @@ class TorchLearnedOptimizer(torch.optim.Optimizer):
         default: nn.Linear / nn.ConvNd), "jax", a tuple of axes, a list of those (one per parameter
         of the group), or a callable param -> layout. Per group.
       chunk_size: elements per block of the per-parameter work (None: `default_chunk`). Per group.
+      role: the parameters' role for architectures with a fan-in rule (NormMLPLOpt; `lopt.param_roles`):
+        None (the default: "matrix" from 2 axes, "vector" below), "matrix", "embedding" (e.g.
+        nn.Embedding.weight: no fan-in factor) or "vector" (bias-like). Per group.
       require_loss: refuse to step an architecture that reads the loss without one (False: step it
         with zero loss features, as the JAX transform does when `loss=` is left out).
     """
 
     def __init__(self, source: Source, params: Iterable, num_steps: Optional[int] = None, *, lr: float = 1.0,
-                 layout: Any = "torch", chunk_size: Optional[int] = None, require_loss: bool = True):
+                 layout: Any = "torch", chunk_size: Optional[int] = None, role: Optional[str] = None,
+                 require_loss: bool = True):
         self.source = source
         self.rule = rule_for(source.learned_opt, source.theta)
         self.require_loss = bool(require_loss)
         self._fingerprint = theta_fingerprint(source)
-        defaults = dict(num_steps=num_steps, lr=lr, layout=layout, chunk_size=chunk_size)
+        defaults = dict(num_steps=num_steps, lr=lr, layout=layout, chunk_size=chunk_size, role=role)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -90,6 +97,12 @@ class TorchLearnedOptimizer(torch.optim.Optimizer):
         if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1):
             raise ValueError(f"chunk_size of {where} must be a positive int or None, got {chunk!r}")
         group["layout"] = _per_param_layout(group["layout"], group["params"], where)
+        if group["role"] is not None:
+            if not self.rule.reads_roles:
+                raise ValueError(f"role of {where}: {self.source.learned_opt.name} has no fan-in rule; role applies "
+                                 f"to NormMLPLOpt")
+            for p in group["params"]:
+                role_of(p, group["role"])
         for p in group["params"]:
             if not torch.is_floating_point(p):
                 raise TypeError(f"lopt.torch optimizers step floating-point parameters, got a {p.dtype} tensor "
@@ -139,18 +152,26 @@ class TorchLearnedOptimizer(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     axes = self._axes(group, index, p)
-                    state.update(self.rule.init_state(p, axes, dtype))
+                    roles = {"role": group["role"]} if self.rule.reads_roles else {}
+                    state.update(self.rule.init_state(p, axes, dtype, **roles))
                     state["step"] = torch.zeros((), dtype=torch.int64)
                     state["axes"] = axes
                 chunk = group["chunk_size"] or default_chunk(p.device)
                 item = Item(p, p.grad, state, tuple(state["axes"]), group["num_steps"], chunk)
                 buckets.setdefault((p.device, dtype), []).append((item, group))
+        brake, alpha = self.rule.brake, None
+        if brake is not None:  # global: log α_t from every parameter's g_t and Δp_{t−1}, before any update
+            stepped = [it for entries in buckets.values() for it, _ in entries]
+            alpha = brake.advance(self.state.setdefault(BRAKE_KEY, brake.init_state()),
+                                  [it.grad for it in stepped], [it.state["prev_update"] for it in stepped])
         for (device, dtype), entries in buckets.items():
             items = [it for it, _ in entries]
             steps = torch.tensor([float(it.state["step"]) for it in items], dtype=dtype, device=device)
             ctx = Context(steps, _loss_tensor(loss, device, dtype), self.rule.theta_on(device, dtype), dtype, device)
             for (it, group), u in zip(entries, self.rule.updates(items, ctx)):
                 u = u.to(it.param.dtype)
+                if alpha is not None:
+                    u = brake.apply(it.state, u, alpha)
                 lr = group["lr"]
                 if isinstance(lr, numbers.Real) and lr == 1:
                     it.param.add_(u)
@@ -196,6 +217,8 @@ class TorchLearnedOptimizer(torch.optim.Optimizer):
         for i, p in zip(saved_ids, params):
             if i in state_dict["state"]:
                 self.state[p] = {k: _copy_to(v, p.device, k) for k, v in state_dict["state"][i].items()}
+        if BRAKE_KEY in state_dict["state"]:  # the overshoot brake's log α (optimizer-level)
+            self.state[BRAKE_KEY] = {k: _copy_to(v, "cpu", k) for k, v in state_dict["state"][BRAKE_KEY].items()}
 
 
 def _copy_to(value: Any, device: torch.device, key: str) -> Any:
@@ -238,7 +261,7 @@ def optimizer(source: Any, params: Iterable, num_steps: Optional[int] = None, **
       params: an iterable of parameters, or of parameter groups (dicts), as for any torch optimizer.
       num_steps: the training horizon N: how many steps you will take (required by the shipped
         optimizers, whose step size follows training progress).
-      **options: `lr`, `layout`, `chunk_size`, `require_loss` (see `TorchLearnedOptimizer`).
+      **options: `lr`, `layout`, `chunk_size`, `role`, `require_loss` (see `TorchLearnedOptimizer`).
 
     Returns:
       A `TorchLearnedOptimizer`.

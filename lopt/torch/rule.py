@@ -91,6 +91,11 @@ class Rule:
 
     #: whether the architecture reads the loss (`tx.update(..., loss=loss)`)
     reads_loss: bool = False
+    #: a `lopt.torch.overshoot_brake.OvershootBrake` that `TorchLearnedOptimizer.step` applies to
+    #: every update, over all parameters (None: no brake)
+    brake: Any = None
+    #: whether `init_state` takes a parameter group's `role` (`lopt.param_roles` kinds) as role=
+    reads_roles: bool = False
 
     def __init__(self, learned_opt: Any, theta: Any):
         self.learned_opt = learned_opt

@@ -1,6 +1,6 @@
 """Where a torch optimizer's architecture and theta come from: a shipped name, a theta file, or a pair.
 
-    resolve("normmlp_v3")                    # lopt.pretrained (its checksum checked)
+    resolve("normmlp_v3")                    # lopt.pretrained, as `load` builds it (deploy options applied)
     resolve("run/theta_final.msgpack")       # a lopt.save_theta file
     resolve((learned_opt, theta))            # e.g. MLPLOpt(), MLPLOpt().init(key)
 """
@@ -63,7 +63,7 @@ def resolve(source: Any) -> Source:
     if isinstance(source, (str, os.PathLike)):
         text = os.fspath(source)
         if text in lopt.pretrained.names():
-            learned_opt, theta = lopt.pretrained.load_learned_optimizer_by_name(text)
+            learned_opt, theta = lopt.pretrained.deployed_learned_optimizer(text)  # as lopt.pretrained.load
             info = lopt.pretrained.info(text)
             return Source(learned_opt, _numpy(theta), text, text, info.get("meta_training_horizons"))
         if os.path.exists(text):

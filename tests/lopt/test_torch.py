@@ -120,7 +120,8 @@ def test_every_architecture_matches_its_jax_transform(name):
 
 @pytest.mark.parametrize("name", lopt.pretrained.names())
 def test_every_shipped_optimizer_matches_its_jax_transform(name):
-    learned_opt, theta = lopt.pretrained.load_learned_optimizer_by_name(name)
+    """lt.optimizer(name) is lopt.pretrained.load(name): the deployed architecture (DEPLOY_OPTIONS applied)."""
+    learned_opt, theta = lopt.pretrained.deployed_learned_optimizer(name)
     check_parity(learned_opt, theta, source=name)
 
 
@@ -168,7 +169,7 @@ def test_the_parity_test_sees_the_axes(name):
     """A negative control: torch-layout tensors declared as JAX layout factor the wrong axes
     (AdafacMLPLOpt) or take the wrong fan-in (normmlp_v3), and the comparison catches it."""
     if name in lopt.pretrained.names():
-        source, (lo, theta) = name, lopt.pretrained.load_learned_optimizer_by_name(name)
+        source, (lo, theta) = name, lopt.pretrained.deployed_learned_optimizer(name)
     else:
         lo = lopt.base.architecture(name)()
         theta = perturbed(lo.init(jax.random.key(1)), jax.random.key(2))
@@ -184,3 +185,106 @@ def test_the_parity_test_sees_the_axes(name):
     got = {k: lt.to_jax(p.detach()) for k, p in tp.items()}
     errs = errors(want, got, params)
     assert max(errs["dense_w"][1], errs["conv_w"][1]) > 100 * TRAVEL_TOL, errs
+
+
+def overshooting_problem(seed=0, steps=STEPS, rho=0.8):
+    """problem()'s params and losses with gradients that alternate in sign around a fixed direction
+    (ρ of it, 1 − ρ fresh noise): each gradient points back along the last step, so the overshoot
+    brake engages."""
+    params, _, losses = problem(seed, steps)
+    rng = np.random.RandomState(seed + 1)
+    base = {k: rng.randn(*s).astype(np.float32) for k, s in SHAPES.items()}
+    grads = [{k: (0.1 * (-1) ** t * (rho * base[k] + (1 - rho) * rng.randn(*s))).astype(np.float32)
+              for k, s in SHAPES.items()} for t in range(steps)]
+    return params, grads, losses
+
+
+@pytest.mark.parametrize("name", ["normmlp_v3", "normmlp_brake_random_theta"])
+def test_overshoot_brake_matches(name):
+    """The overshoot brake (global over all parameters) as the JAX transform applies it: normmlp_v3
+    as shipped (DEPLOY_OPTIONS: overshoot_gain 0.2; α falls to its floor here) and a random-theta
+    NormMLPLOpt(overshoot_gain=0.2) (α falls to ~0.09): parameters ≤ 1e-5 relative after 100 steps
+    and α_t within 1e-5 at every step."""
+    if name in lopt.pretrained.names():
+        (lo, theta), source = lopt.pretrained.deployed_learned_optimizer(name), name
+    else:
+        lo = lopt.NormMLPLOpt(overshoot_gain=0.2)
+        theta = perturbed(lo.init(jax.random.key(1)), jax.random.key(2))
+        source = (lo, theta)
+    assert lo.overshoot_gain > 0
+    params, grads, losses = overshooting_problem()
+    tx = lo.opt_fn(theta, num_steps=STEPS)
+    update = jax.jit(tx.update)
+    p = jax.tree_util.tree_map(jnp.asarray, params)
+    state, want_alpha = tx.init(p), []
+    for g, loss in zip(grads, losses):
+        updates, state = update(g, state, p, loss=loss)
+        p = optax.apply_updates(p, updates)
+        want_alpha.append(float(jnp.exp(state.log_brake)))
+    want = {k: np.asarray(v) for k, v in p.items()}
+
+    tp = {k: torch.nn.Parameter(lt.from_jax(v)) for k, v in params.items()}
+    opt = lt.optimizer(source, list(tp.values()), num_steps=STEPS)
+    got_alpha = []
+    for g, loss in zip(grads, losses):
+        for k, q in tp.items():
+            q.grad = lt.from_jax(g[k])
+        opt.step(loss=float(loss))
+        got_alpha.append(float(torch.exp(opt.state["overshoot_brake"]["log_brake"])))
+    got = {k: lt.to_jax(q.detach()) for k, q in tp.items()}
+
+    assert min(want_alpha) < 0.5, f"the brake did not engage (min alpha {min(want_alpha)}): the test would be empty"
+    assert np.max(np.abs(np.subtract(want_alpha, got_alpha))) <= 1e-5, (want_alpha, got_alpha)
+    errs = errors(want, got, params)
+    for k, (rel, travel) in errs.items():
+        assert np.max(np.abs(want[k] - params[k])) > 1e-4, f"{k} did not move"
+        assert rel <= PARAM_TOL and travel <= TRAVEL_TOL, f"{name}: {k} differs: {errs}"
+
+
+def test_roles_embedding_and_2d_vector_match():
+    """A parameter group's role: an nn.Embedding-like table with role="embedding" (JAX: a leaf named
+    "embedding", no fan-in factor) and a 2-D bias with role="vector" (JAX: a [heads, head_dim] leaf
+    named "bias") match the JAX fan-in rule; without the roles they do not (a negative control)."""
+    lo = lopt.NormMLPLOpt(relative_step=True, fan_in_ref=64.0)
+    theta = perturbed(lo.init(jax.random.key(1)), jax.random.key(2))
+    rng = np.random.RandomState(3)
+    shapes = {"dense": (5, 7), "embed": (11, 6), "attn_bias": (2, 3)}
+    params = {k: (rng.randn(*s) * 0.5).astype(np.float32) for k, s in shapes.items()}
+    grads = [{k: (rng.randn(*s) * 0.1).astype(np.float32) for k, s in shapes.items()} for _ in range(STEPS)]
+    losses = (2.0 * np.exp(-np.arange(STEPS) / 50)).astype(np.float32)
+    tree = lambda d: {"dense": {"kernel": d["dense"]}, "embed": {"embedding": d["embed"]},
+                      "attn": {"bias": d["attn_bias"]}}
+    roles = lopt.param_roles.infer(tree(params))
+    assert (roles["embed"]["embedding"].kind, roles["attn"]["bias"].kind) == ("embedding", "vector")
+    tx = lo.opt_fn(theta, num_steps=STEPS)
+    update = jax.jit(tx.update)
+    p = jax.tree_util.tree_map(jnp.asarray, tree(params))
+    state = tx.init(p)
+    for g, loss in zip(grads, losses):
+        updates, state = update(tree(g), state, p, loss=loss)
+        p = optax.apply_updates(p, updates)
+    want = {"dense": np.asarray(p["dense"]["kernel"]), "embed": np.asarray(p["embed"]["embedding"]),
+            "attn_bias": np.asarray(p["attn"]["bias"])}
+
+    def run(with_roles):
+        tp = {"dense": torch.nn.Parameter(lt.from_jax(params["dense"])),
+              "embed": torch.nn.Parameter(torch.tensor(params["embed"])),  # nn.Embedding.weight [vocab, dim]
+              "attn_bias": torch.nn.Parameter(torch.tensor(params["attn_bias"]))}
+        extra = lambda role: {"role": role} if with_roles else {}
+        opt = lt.optimizer((lo, theta), [{"params": [tp["dense"]]},
+                                         {"params": [tp["embed"]], "layout": "jax", **extra("embedding")},
+                                         {"params": [tp["attn_bias"]], "layout": "jax", **extra("vector")}],
+                           num_steps=STEPS)
+        for g, loss in zip(grads, losses):
+            tp["dense"].grad = lt.from_jax(g["dense"])
+            tp["embed"].grad, tp["attn_bias"].grad = torch.tensor(g["embed"]), torch.tensor(g["attn_bias"])
+            opt.step(loss=float(loss))
+        return {"dense": lt.to_jax(tp["dense"].detach()), "embed": tp["embed"].detach().numpy(),
+                "attn_bias": tp["attn_bias"].detach().numpy()}
+
+    errs = errors(want, run(True), params)
+    for k, (rel, travel) in errs.items():
+        assert np.max(np.abs(want[k] - params[k])) > 1e-4, f"{k} did not move"
+        assert rel <= PARAM_TOL and travel <= TRAVEL_TOL, f"{k} differs: {errs}"
+    wrong = errors(want, run(False), params)
+    assert min(wrong["embed"][1], wrong["attn_bias"][1]) > 100 * TRAVEL_TOL, wrong

@@ -258,10 +258,14 @@ def test_load_state_dict_refuses_another_optimizer():
     v2 = lt.optimizer("normmlp_v2", model.parameters(), num_steps=10)
     with pytest.raises(ValueError, match="written by NormMLPLOpt"):
         opt.load_state_dict(v2.state_dict())
-    lo, theta = lopt.pretrained.load_learned_optimizer_by_name("normmlp_v3")
+    lo, theta = lopt.pretrained.deployed_learned_optimizer("normmlp_v3")
     other = lt.optimizer((lo, jax.tree_util.tree_map(lambda t: t * 1.01, theta)), model.parameters(), num_steps=10)
     with pytest.raises(ValueError, match="another theta"):
         opt.load_state_dict(other.state_dict())
+    as_trained = lt.optimizer(lopt.pretrained.load_learned_optimizer_by_name("normmlp_v3"), model.parameters(),
+                              num_steps=10)  # without the deploy options (the overshoot brake): another config
+    with pytest.raises(ValueError, match="written by NormMLPLOpt"):
+        opt.load_state_dict(as_trained.state_dict())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -274,3 +278,51 @@ def test_cuda_matches_cpu(name):
     train(gpu, lt.optimizer(source, gpu.parameters(), num_steps=20), 20, x.cuda(), y.cuda())
     for a, b in zip(cpu.parameters(), gpu.parameters()):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-5)
+
+
+def test_overshoot_brake_state_round_trips_and_is_global():
+    """The brake's state (per parameter "prev_update", float32; log α once per optimizer, under
+    state["overshoot_brake"]) resumes bit-identically through torch.save while the brake is engaged,
+    and log α is one value for every parameter group."""
+    x, y = digits()
+    lo = lopt.NormMLPLOpt(overshoot_gain=1.0, overshoot_threshold=0.0, base_lr=0.1)  # a step that overshoots
+    source = (lo, lo.init(jax.random.key(0)))
+    model = mlp()
+    opt = lt.optimizer(source, [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.5}],
+                       num_steps=60)
+    train(model, opt, 60, x, y)
+
+    first = mlp()
+    opt1 = lt.optimizer(source, [{"params": first[0].parameters()}, {"params": first[2].parameters(), "lr": 0.5}],
+                        num_steps=60)
+    train(first, opt1, 30, x, y)
+    assert float(opt1.state["overshoot_brake"]["log_brake"]) < 0, "the brake did not engage: the test would be empty"
+    assert opt1.state[first[2].bias]["prev_update"].dtype == torch.float32
+    buf = io.BytesIO()
+    torch.save({"model": first.state_dict(), "opt": opt1.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf)
+    resumed = mlp(seed=1)
+    resumed.load_state_dict(saved["model"])
+    opt2 = lt.optimizer(source, [{"params": resumed[0].parameters()}, {"params": resumed[2].parameters(), "lr": 0.5}],
+                        num_steps=60)
+    opt2.load_state_dict(saved["opt"])
+    assert opt2.state["overshoot_brake"]["log_brake"] is not saved["opt"]["state"]["overshoot_brake"]["log_brake"]
+    train(resumed, opt2, 30, x, y, start=30)
+    for a, b in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    assert torch.equal(opt.state["overshoot_brake"]["log_brake"], opt2.state["overshoot_brake"]["log_brake"])
+
+
+def test_role_option_is_checked():
+    emb = torch.nn.Embedding(11, 6)
+    opt = lt.optimizer("normmlp_v3", [{"params": emb.parameters(), "role": "embedding"}], num_steps=10)
+    emb(torch.arange(4)).sum().backward()
+    opt.step(loss=1.0)
+    assert opt.state[emb.weight]["role"] == "embedding"
+    with pytest.raises(ValueError, match="unknown parameter role"):
+        lt.optimizer("normmlp_v3", emb.parameters(), num_steps=10, role="table")
+    with pytest.raises(ValueError, match="fewer than 2 axes"):
+        lt.optimizer("normmlp_v3", torch.nn.Linear(3, 2).parameters(), num_steps=10, role="matrix")
+    with pytest.raises(ValueError, match="no fan-in rule"):
+        lt.optimizer(random_source("MLPLOpt"), emb.parameters(), role="embedding")
