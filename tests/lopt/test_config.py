@@ -23,7 +23,7 @@ CHANGED = {
                         log_lr_range=2.0, clip_value=3.0, residual_init=0.5, lr_hidden_size=8, timescales=(1.0,),
                         use_num_steps=False, orthogonalize=True, vector_rule="adam", normalize_update=False,
                         residual_bound=1.0, schedule="cosine", relative_step=True, relative_floor=1e-2,
-                        fan_in_ref=16.0),
+                        fan_in_ref=16.0, overshoot_gain=0.2, overshoot_threshold=0.3),
     "RNNMLPLOpt": dict(lstm_hidden=8, mlp_hidden=4, mlp_layers=1, decays=(0.9,), rms_decay=0.99, step_mult=1e-2,
                        exp_mult=1e-2, timescales=(1.0, 10.0)),
     "AdafacMLPLOpt": dict(hidden_size=2, hidden_layers=1, momentum_decays=(0.9,), rms_decay=0.99,
