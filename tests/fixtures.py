@@ -65,3 +65,20 @@ def single_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# A tiny meta-training run for the gin-configured `train` (quadratics, LearnableSGD, PES): tests add
+# their own bindings to it.
+TINY_RUN_GIN = """
+train.task_family = @QuadraticFamily()
+QuadraticFamily.dim = 4
+train.learned_opt = @LearnableSGD()
+LearnableSGD.learning_rate = 0.01
+train.trunc_sched = @ConstantTruncationSchedule()
+ConstantTruncationSchedule.length = 12
+train.estimators = [@TruncatedPES]
+TruncatedPES.num_tasks = 2
+TruncatedPES.trunc_length = 4
+train.outer_opt = @optax.adam()
+optax.adam.learning_rate = 0.05
+"""

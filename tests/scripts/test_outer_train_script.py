@@ -12,7 +12,7 @@ import lopt
 import outer_trainers as ot
 import tasks
 from outer_trainers.runs.run_checkpoints import config_history
-from tests.fixtures import metrics_lines
+from tests.fixtures import metrics_lines, TINY_RUN_GIN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "outer_train.py")
@@ -90,19 +90,7 @@ def test_config_parses_and_binds(name):
         gin.clear_config()
 
 
-TINY = """
-train.task_family = @QuadraticFamily()
-QuadraticFamily.dim = 4
-train.learned_opt = @LearnableSGD()
-LearnableSGD.learning_rate = 0.01
-train.trunc_sched = @ConstantTruncationSchedule()
-ConstantTruncationSchedule.length = 12
-train.estimators = [@TruncatedPES]
-TruncatedPES.num_tasks = 2
-TruncatedPES.trunc_length = 4
-TruncatedPES.std = 0.05
-train.outer_opt = @optax.adam()
-optax.adam.learning_rate = 0.05
+TINY = TINY_RUN_GIN + """TruncatedPES.std = 0.05
 train.progress = False
 train.checkpoint_every_steps = 1
 """

@@ -10,21 +10,9 @@ import pytest
 
 import outer_trainers as ot
 from outer_trainers.learner import gin_run
+from tests.fixtures import TINY_RUN_GIN
 
-TINY = """
-train.task_family = @QuadraticFamily()
-QuadraticFamily.dim = 4
-train.learned_opt = @LearnableSGD()
-LearnableSGD.learning_rate = 0.01
-train.trunc_sched = @ConstantTruncationSchedule()
-ConstantTruncationSchedule.length = 12
-train.estimators = [@TruncatedPES]
-TruncatedPES.num_tasks = 2
-TruncatedPES.trunc_length = 4
-train.outer_opt = @optax.adam()
-optax.adam.learning_rate = 0.05
-train.meta_eval_tasks = [@QuadraticFamily()]
-"""
+TINY = TINY_RUN_GIN + "train.meta_eval_tasks = [@QuadraticFamily()]\n"
 
 
 @pytest.fixture
