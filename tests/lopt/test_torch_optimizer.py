@@ -55,6 +55,18 @@ def random_source(name):
     return lo, lo.init(jax.random.key(0))
 
 
+def saved_and_restored(model, opt):
+    """torch.save of the model's and optimizer's state dicts, loaded back with torch.load's defaults,
+    and a fresh model (another init) holding the saved weights: (saved dict, restored model)."""
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf)
+    restored = mlp(seed=1)
+    restored.load_state_dict(saved["model"])
+    return saved, restored
+
+
 def test_every_architecture_has_a_torch_rule():
     assert lt.supported_architectures() == builtin_architectures()
 
@@ -87,12 +99,7 @@ def test_state_dict_round_trip_resumes_bit_identically(name):
     first = mlp()
     opt1 = lt.optimizer(source, first.parameters(), num_steps=100)
     train(first, opt1, 50, x, y)
-    buf = io.BytesIO()
-    torch.save({"model": first.state_dict(), "opt": opt1.state_dict()}, buf)
-    buf.seek(0)
-    saved = torch.load(buf)
-    resumed = mlp(seed=1)
-    resumed.load_state_dict(saved["model"])
+    saved, resumed = saved_and_restored(first, opt1)
     opt2 = lt.optimizer(source, resumed.parameters(), num_steps=100)
     opt2.load_state_dict(saved["opt"])
     train(resumed, opt2, 50, x, y, start=50)
@@ -298,12 +305,7 @@ def test_overshoot_brake_state_round_trips_and_is_global():
     train(first, opt1, 30, x, y)
     assert float(opt1.state["overshoot_brake"]["log_brake"]) < 0, "the brake did not engage: the test would be empty"
     assert opt1.state[first[2].bias]["prev_update"].dtype == torch.float32
-    buf = io.BytesIO()
-    torch.save({"model": first.state_dict(), "opt": opt1.state_dict()}, buf)
-    buf.seek(0)
-    saved = torch.load(buf)
-    resumed = mlp(seed=1)
-    resumed.load_state_dict(saved["model"])
+    saved, resumed = saved_and_restored(first, opt1)
     opt2 = lt.optimizer(source, [{"params": resumed[0].parameters()}, {"params": resumed[2].parameters(), "lr": 0.5}],
                         num_steps=60)
     opt2.load_state_dict(saved["opt"])
