@@ -9,6 +9,7 @@ from lopt.learnable_hparams import LearnableAdam, LearnableSGD, LearnableSGDM
 from lopt.mlp_lopt import MLPLOpt, MLPLOptState
 from lopt.nn_adam import NNAdam, NNAdamState
 from lopt.norm_mlp_lopt import NormMLPLOpt, NormMLPLOptState
+from lopt.orthogonal import Celo2LOpt, Celo2LOptState
 from lopt.rnn_mlp_lopt import RNNMLPLOpt, RNNMLPLOptState
 from lopt.serialization import load_learned_optimizer, load_optimizer, load_theta, save_theta
 from lopt import pretrained  # after serialization: it loads the shipped theta files with it
@@ -16,7 +17,8 @@ from lopt import pretrained  # after serialization: it loads the shipped theta f
 __all__ = [
     "LearnedOptimizer", "architecture", "architectures",
     "MLPLOpt", "MLPLOptState", "AdafacMLPLOpt", "AdafacState", "RNNMLPLOpt", "RNNMLPLOptState",
-    "NNAdam", "NNAdamState", "NormMLPLOpt", "NormMLPLOptState", "HyperLOpt", "HyperLOptState",
+    "NNAdam", "NNAdamState", "NormMLPLOpt", "NormMLPLOptState", "Celo2LOpt", "Celo2LOptState",
+    "HyperLOpt", "HyperLOptState",
     "LearnableAdam", "LearnableSGD", "LearnableSGDM",
     "save_theta", "load_theta", "load_learned_optimizer", "load_optimizer", "pretrained",
 ]

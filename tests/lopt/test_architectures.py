@@ -24,6 +24,7 @@ ARCHS = {
     "RNNMLPLOpt": lambda: lopt.RNNMLPLOpt(lstm_hidden=4, mlp_hidden=4),
     "NNAdam": lambda: lopt.NNAdam(lstm_hidden=4),
     "NormMLPLOpt": lambda: lopt.NormMLPLOpt(hidden_size=4, lr_hidden_size=4, decays=(0.9,), orthogonalize=True),
+    "Celo2LOpt": lambda: lopt.Celo2LOpt(hidden_size=4, hidden_layers=1, lr_hidden_size=4, decays=(0.9,)),
     "HyperLOpt": lambda: lopt.HyperLOpt(lstm_hidden=4, momentum_decays=(0.9,), adafactor_decays=(0.99,)),
     "LearnableAdam": lambda: lopt.LearnableAdam(1e-2),
     "LearnableSGDM": lambda: lopt.LearnableSGDM(1e-2),
@@ -197,7 +198,7 @@ def test_mlp_lopt_chunk_size_does_not_change_updates():
 
 
 # the architectures whose per-tensor statistics are sums over each tensor (`features.blockwise_sum`)
-SUMS_IN_BLOCKS = {"MLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt", "NormMLPLOpt", "HyperLOpt"}
+SUMS_IN_BLOCKS = {"MLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt", "NormMLPLOpt", "Celo2LOpt", "HyperLOpt"}
 
 
 def test_blockwise_sums_do_not_change_updates(arch, monkeypatch):

@@ -1,0 +1,281 @@
+"""Celo2LOpt: a learned update for weight matrices, orthogonalized as Muon's, and Adam for the rest.
+
+In the style of Celo2 (Moudgil et al. 2026: a normalized learned MLP update, Newton–Schulz
+orthogonalized for hidden matrices, AdamW for 1-D and embedding parameters) and μLO (step sizes
+that transfer across widths), written for lopt; not a reproduction of either. A fresh theta is
+`optax.contrib.muon` (momentum 0.95, Nesterov; NAdam for the other tensors): meta-training
+starts from a strong hand-designed optimizer and learns what to change.
+
+Every leaf gets a role from `lopt.param_roles` (inferred from its path and shape, or from
+`opt_fn`'s `weight_dimension_numbers`). Per tensor p with gradient g, float32 accumulators:
+
+    m_k ← β_k m_k + (1 − β_k) g        β in `decays` (default 0.5, 0.95, 0.99)
+    v   ← β_v v + (1 − β_v) g²          β_v = `rms_decay`
+
+β (without index) is the decay closest to 0.9 (`moment_features.momentum_index`): 0.95 by default.
+
+Matrices (role "matrix": dense, conv, attention projections). A per-parameter ReLU MLP reads the
+features of `lopt.moment_features`, each divided by its RMS over the tensor, and its output r is
+added to the normalized Nesterov momentum:
+
+    x = [g, p, m_1..m_K, √v, g/√(v+ε), m_β/√(v+ε)] / rms          F = K + 5 features
+    b = β m_β / (1 − β^(t+2)) + (1 − β) g / (1 − β^(t+1))         (optax.contrib.muon's Nesterov; t = updates so far)
+    u = b / rms(b) + MLP(x)
+    Δp = −η_matrix · width_scale(p) · orth(u)
+
+orth is optax's Newton–Schulz orthogonalization over the role's input axes and width_scale(p) =
+√max(1, fan_out/fan_in) (`lopt.orthogonal.newton_schulz`), so the step's spectral norm is
+η·√max(1, fan_out/fan_in) whatever the theta: the learned part chooses the direction, never the
+size. The MLP's output layer starts at `residual_init` × a random init, so a fresh u ≈ b.
+
+Embeddings and vectors (biases, norm scales), and any leaf the user marks so (e.g. an output
+layer given the role `param_roles.EMBEDDING`), take AdamW with the same Nesterov momentum (NAdamW,
+as `optax.contrib.muon`'s Adam path):
+
+    Δp = −η_adam · (b / (√v̂ + 1e-8) + λ p)       v̂ = v / (1 − β_v^(t+1)); λ = `weight_decay`
+
+(λ also decays matrices, Δp −= η_matrix · λ · p, as `optax.contrib.muon` does.)
+
+Step sizes (learned, bounded). A small MLP reads the tensor-independent context
+z = [emb(t) (T), progress(t, N) (3), loss features (2)] (`lopt.features`) and emits s ∈ R²:
+
+    η_matrix = `matrix_lr` · exp(`log_lr_range` · tanh(s_0)),   η_adam = `adam_lr` · exp(`log_lr_range` · tanh(s_1))
+
+Its output layer starts at zero, so a fresh theta steps at exactly `matrix_lr` and `adam_lr`; no
+theta moves η by more than a factor e^`log_lr_range` either way. With `overshoot_gain` > 0 every
+step is scaled by `lopt.overshoot_brake`'s α_t ≤ 1.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopt import features as ft
+from lopt import param_roles
+from lopt.base import LearnedOptimizer
+from lopt.moment_features import accumulate, feature_sum_squares, leaf_features, momentum_index
+from lopt.nn import dense_init, elementwise_mlp
+from lopt.orthogonal.newton_schulz import orthogonalize, width_scale
+from lopt.overshoot_brake import overshoot_brake
+
+DECAYS = (0.5, 0.95, 0.99)
+# elements per block of the per-parameter MLP: a block's features and hidden units stay in cache
+BLOCK = 16384
+
+
+class Celo2LOptState(NamedTuple):
+    """Celo2LOpt's optimizer state.
+
+    Attributes:
+      momenta: per leaf, float32 [K, *p.shape]: the momenta m_k.
+      second_moment: per leaf, float32 [*p.shape]: v.
+      iteration: int32 []: the number of updates so far.
+      loss_state: float32 [2]: the loss EMA state of `features.loss_features`.
+    """
+    momenta: Any
+    second_moment: Any
+    iteration: jax.Array
+    loss_state: jax.Array
+
+
+def _rms(x: jax.Array) -> jax.Array:
+    return jnp.sqrt(jnp.mean(jnp.square(x)))
+
+
+def is_orthogonalized(role: param_roles.ParamRole, shape: tuple) -> bool:
+    """Whether a leaf takes the learned, orthogonalized matrix update: a "matrix" of rank ≥ 2 with
+    more than one input and more than one output (a [n, 1] or [1, n] "matrix" is a vector)."""
+    if role.kind != "matrix" or len(shape) < 2 or math.prod(shape) == 0:
+        return False
+    fan_in = role.fan_in(shape)
+    return fan_in > 1 and math.prod(shape) // fan_in > 1
+
+
+class Celo2LOpt(LearnedOptimizer):
+    """Learned, Muon-orthogonalized matrix updates and AdamW for the other tensors.
+
+    The math is in the module docstring. Theta: {"mlp": {"input": {"w" [F, H], "b" [H]},
+    "hidden_i": {"w" [H, H], "b" [H]} for i in 1..hidden_layers-1, "output": {"w" [H, 1], "b" [1]}},
+    "lr": {"hidden": {"w" [C, L], "b" [L]}, "output": {"w" [L, 2], "b" [2]}}} with F = len(decays) + 5,
+    C = len(timescales) + 5 and L = `lr_hidden_size`.
+
+    Args:
+      hidden_size: H, the width of the per-parameter MLP's hidden layers.
+      hidden_layers: the number of its hidden ReLU layers (≥ 1).
+      decays: the momentum decays β_k; the one closest to 0.9 is Muon's and Adam's momentum.
+      rms_decay: β_v of the second moment v (Adam's β₂).
+      matrix_lr: η_matrix of a fresh theta (Muon's learning rate).
+      adam_lr: η_adam of a fresh theta.
+      log_lr_range: the bound of the learned log step sizes around log(matrix_lr), log(adam_lr) (> 0).
+      residual_init: the scale of the per-parameter MLP's initial output layer.
+      weight_decay: λ ≥ 0, decoupled weight decay of every tensor, times its step size.
+      lr_hidden_size: L, the hidden width of the step-size MLP.
+      timescales: τ of the step embedding tanh(t/τ − 1).
+      use_num_steps: feed the progress features (min(t/N, 1), log1p(N)/10, 1) to the step-size
+        MLP; N is `opt_fn`'s `num_steps` (zeros when it is None).
+      overshoot_gain: κ ≥ 0 of the overshoot brake (`lopt.overshoot_brake`; 0: off).
+      overshoot_threshold: the brake's threshold in [0, 1).
+    """
+
+    hidden_size: int = 8
+    hidden_layers: int = 2
+    decays: tuple[float, ...] = DECAYS
+    rms_decay: float = 0.999
+    matrix_lr: float = 0.02
+    adam_lr: float = 3e-3
+    log_lr_range: float = 3.0
+    residual_init: float = 0.1
+    weight_decay: float = 0.0
+    lr_hidden_size: int = 16
+    timescales: tuple[float, ...] = ft.TIMESCALES
+    use_num_steps: bool = True
+    overshoot_gain: float = 0.0
+    overshoot_threshold: float = 0.15
+
+    def check_config(self) -> None:
+        if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
+            raise ValueError(f"Celo2LOpt needs hidden_layers, hidden_size, lr_hidden_size >= 1, got "
+                             f"{self.hidden_layers}, {self.hidden_size}, {self.lr_hidden_size}")
+        if not self.decays or not all(0.0 <= d < 1.0 for d in (*self.decays, self.rms_decay)):
+            raise ValueError(f"Celo2LOpt needs decays and rms_decay in [0, 1), got {self.decays}, {self.rms_decay}")
+        if not (self.matrix_lr > 0 and self.adam_lr > 0 and self.log_lr_range > 0):
+            raise ValueError(f"matrix_lr, adam_lr and log_lr_range must be > 0, got {self.matrix_lr}, "
+                             f"{self.adam_lr}, {self.log_lr_range}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not (self.overshoot_gain >= 0 and 0 <= self.overshoot_threshold < 1):
+            raise ValueError(f"overshoot_gain must be >= 0 (0: off) and overshoot_threshold in [0, 1), got "
+                             f"{self.overshoot_gain}, {self.overshoot_threshold}")
+
+    @property
+    def _mom_idx(self) -> int:
+        return momentum_index(self.decays)
+
+    @property
+    def num_features(self) -> int:
+        """F = K + 5, the number of per-parameter features."""
+        return len(self.decays) + 5
+
+    @property
+    def num_context(self) -> int:
+        """C = T + 5, the inputs of the step-size MLP (step embedding, progress, loss features)."""
+        return len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
+
+    def init(self, key: jax.Array) -> dict:
+        """Initial theta: Muon on matrices, Adam on the rest, plus a small random residual.
+
+        Args:
+          key: PRNG key.
+
+        Returns:
+          theta (see the class docstring); the step-size head's output layer is zero.
+        """
+        k_in, k_hidden, k_out, k_lr = jax.random.split(key, 4)
+        mlp = {"input": dense_init(k_in, self.num_features, self.hidden_size)}
+        for i, k in enumerate(jax.random.split(k_hidden, self.hidden_layers - 1), start=1):
+            mlp[f"hidden_{i}"] = dense_init(k, self.hidden_size, self.hidden_size)
+        out = dense_init(k_out, self.hidden_size, 1)
+        mlp["output"] = {"w": out["w"] * self.residual_init, "b": out["b"]}
+        lr = {"hidden": dense_init(k_lr, self.num_context, self.lr_hidden_size),
+              "output": {"w": jnp.zeros((self.lr_hidden_size, 2), jnp.float32), "b": jnp.zeros((2,), jnp.float32)}}
+        return {"mlp": mlp, "lr": lr}
+
+    def step_sizes(self, theta: dict, iteration: jax.Array, num_steps: Optional[Any], loss_feats: jax.Array):
+        """The learned step sizes (η_matrix, η_adam) at step t.
+
+        Args:
+          theta: meta-parameters.
+          iteration: t, int32 [].
+          num_steps: the horizon N (may be traced or None); ignored unless `use_num_steps`.
+          loss_feats: float32 [2], from `features.loss_features`.
+
+        Returns:
+          float32 [2]: (matrix_lr, adam_lr) · exp(log_lr_range · tanh(s)).
+        """
+        progress = ft.progress_features(iteration, num_steps if self.use_num_steps else None)
+        z = jnp.concatenate([ft.step_embedding(iteration, self.timescales), progress, loss_feats])
+        h = jax.nn.relu(z @ theta["lr"]["hidden"]["w"] + theta["lr"]["hidden"]["b"])
+        s = h @ theta["lr"]["output"]["w"] + theta["lr"]["output"]["b"]
+        base = jnp.asarray([self.matrix_lr, self.adam_lr], jnp.float32)
+        return base * jnp.exp(self.log_lr_range * jnp.tanh(s))
+
+    def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False,
+               weight_dimension_numbers: Any = None, strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
+        """The optimizer theta defines (the update is in the module docstring).
+
+        Args:
+          theta: meta-parameters, as from `init`.
+          num_steps: the horizon N of the progress features (may be traced; None: unknown).
+          is_training: accepted for the `LearnedOptimizer` interface and ignored.
+          weight_dimension_numbers: parameters' roles and input axes where inference should not
+            decide (`lopt.param_roles.infer`): a pytree (or prefix) of `param_roles.ParamRole` /
+            `optax.contrib.MuonDimensionNumbers` / None, or a callable (path, shape) -> one of them.
+            A leaf given `param_roles.EMBEDDING` or `VECTOR` takes the AdamW path.
+          strict_roles: raise on a leaf whose input axes inference cannot read, instead of warning.
+
+        Returns:
+          An `optax.GradientTransformationExtraArgs`; its update reads `params` and, optionally, `loss`.
+        """
+        del is_training
+        self.check_theta(theta, "Celo2LOpt.opt_fn")
+        decays = jnp.asarray(self.decays, jnp.float32)
+        mlp, idx, beta = theta["mlp"], self._mom_idx, self.decays[self._mom_idx]
+        layers_after_input = [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
+        layers_after_input.append((mlp["output"]["w"], mlp["output"]["b"]))
+
+        def init_fn(params):
+            k = len(self.decays)
+            momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((k,) + jnp.shape(p), jnp.float32), params)
+            return Celo2LOptState(momenta, jax.tree_util.tree_map(ft.zeros_like_f32, params),
+                                  jnp.zeros((), jnp.int32), ft.init_loss_state())
+
+        def learned_direction(g32, p32, m, v):
+            """MLP(x) [n] of one flat tensor (g, p, v [n], m [K, n]); the features' RMS normalisation is
+            folded into the first layer's weights, and the MLP runs over blocks of `BLOCK` elements."""
+            n = g32.shape[0]
+            rms_inv = jax.lax.rsqrt(feature_sum_squares(g32, p32, m, v, idx) / n + ft.EPS)
+            layers = [(mlp["input"]["w"] * rms_inv[:, None], mlp["input"]["b"])] + layers_after_input
+            c = min(BLOCK, n)
+
+            def block(start):
+                sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)
+                return elementwise_mlp(leaf_features(sl(g32), sl(p32), sl(m), sl(v), idx), layers)[0][None]
+
+            return ft.blockwise_map(block, n, c, 1, like=g32)[0]
+
+        def update_leaf(g, p, m, v, role, t, lrs):
+            shape, k = jnp.shape(p), len(self.decays)
+            n = math.prod(shape)
+            if n == 0:
+                return jnp.zeros_like(p), m, v
+            g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
+            m, v = accumulate(g32, m, v, decays, self.rms_decay)
+            t1 = (t + 1).astype(jnp.float32)
+            nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
+            if is_orthogonalized(role, shape):
+                u = (nesterov / (_rms(nesterov) + 1e-8)).reshape(-1)
+                u = u + learned_direction(g32.reshape(-1), p32.reshape(-1), m.reshape(k, n), v.reshape(-1))
+                step = lrs[0] * (width_scale(shape, role) * orthogonalize(u.reshape(shape), role)
+                                 + self.weight_decay * p32)
+            else:
+                v_hat = v / (1.0 - self.rms_decay ** t1)
+                step = lrs[1] * (nesterov / (jnp.sqrt(v_hat) + 1e-8) + self.weight_decay * p32)
+            return (-step).astype(jnp.result_type(p)), m, v
+
+        def update_fn(updates, state, params=None, **extra_args):
+            ft.require_params(updates, params, "Celo2LOpt")
+            loss_feats, loss_state = ft.loss_features(extra_args.get("loss"), state.loss_state)
+            t = state.iteration
+            lrs = self.step_sizes(theta, t, num_steps, loss_feats)
+            roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
+            treedef, gs, (ps, ms, vs, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment, roles)
+            leaves = [update_leaf(g, p, m, v, r, t, lrs) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
+            new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
+            return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state)
+
+        tx = optax.GradientTransformationExtraArgs(init_fn, update_fn)
+        return overshoot_brake(tx, self.overshoot_gain, self.overshoot_threshold) if self.overshoot_gain > 0 else tx

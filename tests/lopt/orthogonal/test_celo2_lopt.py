@@ -1,0 +1,132 @@
+"""Celo2LOpt's numbers: a fresh theta is optax's Muon + Adam, the matrix step's spectral norm is
+η·√max(1, fan_out/fan_in) whatever the theta, roles route leaves, and the learned parts act."""
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lopt
+from lopt import param_roles
+from lopt.orthogonal import newton_schulz
+from lopt.orthogonal.celo2_lopt import is_orthogonalized
+
+
+def _params():
+    ks = jax.random.split(jax.random.key(0), 4)
+    return {"hidden": {"kernel": jax.random.normal(ks[0], (12, 20)) * 0.3, "bias": jnp.zeros((20,))},
+            "out": {"kernel": jax.random.normal(ks[1], (20, 6)) * 0.2, "bias": jax.random.normal(ks[2], (6,))}}
+
+
+def _grads(params, i):
+    return jax.tree_util.tree_map(lambda p: jnp.cos(3.0 * p + i) + 0.05 * (i + 1), params)
+
+
+def _run(tx, params, n=4, loss=True):
+    state, outs = tx.init(params), []
+    step = jax.jit(lambda g, s, p, l: tx.update(g, s, p, **({"loss": l} if loss else {})))
+    for i in range(n):
+        u, state = step(_grads(params, i), state, params, jnp.asarray(1.0 / (i + 1)))
+        params = optax.apply_updates(params, u)
+        outs.append(u)
+    return outs
+
+
+def _spectral(x):
+    return float(np.linalg.norm(np.asarray(x, np.float64), 2))
+
+
+def test_fresh_theta_without_residual_is_optax_muon_with_adam_for_vectors():
+    lo = lopt.Celo2LOpt(residual_init=0.0, matrix_lr=0.03, adam_lr=2e-3)
+    theta = lo.init(jax.random.key(1))
+    muon = optax.contrib.muon(learning_rate=0.03, beta=0.95, adam_b1=0.95, adam_b2=0.999,
+                              adam_learning_rate=2e-3)
+    ours, ref = _run(lo.opt_fn(theta, num_steps=50), _params()), _run(muon, _params(), loss=False)
+    for a, b in zip(ours, ref):
+        chex.assert_trees_all_close(a, b, rtol=2e-4, atol=1e-7)
+    assert float(jnp.abs(ours[0]["hidden"]["kernel"]).max()) > 1e-3  # a real step, not zeros
+
+
+def test_matrix_step_has_the_mu_p_spectral_norm_for_any_theta():
+    """Random, large theta (learned direction far from Muon's, step-size head at its bound):
+    ‖Δ‖₂ / (η_matrix · √max(1, fan_out/fan_in)) stays at Newton–Schulz's ~1."""
+    lo = lopt.Celo2LOpt()
+    theta = jax.tree_util.tree_map(lambda x: 5.0 * jax.random.normal(jax.random.key(7), x.shape), lo.init(jax.random.key(2)))
+    tx = lo.opt_fn(theta, num_steps=100)
+    params = _params()
+    u, _ = jax.jit(lambda g, s, p: tx.update(g, s, p, loss=jnp.asarray(0.5)))(_grads(params, 0), tx.init(params), params)
+    eta = float(lo.step_sizes(theta, jnp.zeros((), jnp.int32), 100, jnp.asarray([1.0, 0.0]))[0])
+    assert lo.matrix_lr * np.exp(-3.0) <= eta <= lo.matrix_lr * np.exp(3.0)
+    for name, (fan_in, fan_out) in {"hidden": (12, 20), "out": (20, 6)}.items():
+        ratio = _spectral(u[name]["kernel"]) / (eta * np.sqrt(max(1.0, fan_out / fan_in)))
+        assert 0.6 < ratio < 1.3, (name, ratio)
+
+
+def test_learned_direction_changes_the_update_and_is_differentiable():
+    lo = lopt.Celo2LOpt(residual_init=1.0)
+    theta = lo.init(jax.random.key(3))
+    params = _params()
+    muonlike = lopt.Celo2LOpt(residual_init=0.0)
+    a = _run(lo.opt_fn(theta), params, n=2)[-1]["hidden"]["kernel"]
+    b = _run(muonlike.opt_fn(muonlike.init(jax.random.key(3))), params, n=2)[-1]["hidden"]["kernel"]
+    cos = float(jnp.sum(a * b) / (jnp.linalg.norm(a) * jnp.linalg.norm(b)))
+    assert 0.0 < cos < 0.99  # another direction, still a descent-like one
+
+    def meta_loss(th):
+        tx = lo.opt_fn(th, num_steps=10)
+        u, _ = tx.update(_grads(params, 0), tx.init(params), params, loss=jnp.asarray(1.0))
+        return jnp.sum(optax.apply_updates(params, u)["hidden"]["kernel"] ** 2)
+
+    g = jax.grad(meta_loss)(theta)
+    assert float(jnp.abs(g["mlp"]["input"]["w"]).sum()) > 0 and float(jnp.abs(g["lr"]["output"]["w"]).sum()) > 0
+
+
+def test_conv_and_attention_kernels_are_orthogonalized_over_their_input_axes():
+    lo = lopt.Celo2LOpt(residual_init=0.0)
+    ks = jax.random.split(jax.random.key(4), 2)
+    params = {"conv1": {"kernel": jax.random.normal(ks[0], (3, 3, 4, 8))},
+              "query": {"kernel": jax.random.normal(ks[1], (16, 2, 4))}}
+    u = _run(lo.opt_fn(lo.init(jax.random.key(0))), params, n=1)[0]
+    conv = np.asarray(u["conv1"]["kernel"]).reshape(36, 8)  # inputs: 3·3·4, outputs 8
+    query = np.asarray(u["query"]["kernel"]).reshape(16, 8)  # inputs: d_model 16, outputs 2·4
+    for mat in (conv, query):
+        s = np.linalg.svd(mat / lo.matrix_lr, compute_uv=False)  # width scale 1: fan_out ≤ fan_in
+        assert s.min() > 0.5 and s.max() < 1.3, s
+    assert newton_schulz.width_scale((8, 32), param_roles.MATRIX) == 2.0
+    assert newton_schulz.width_scale((3, 3, 4, 8), param_roles.matrix((0, 1, 2))) == 1.0
+
+
+def test_roles_route_leaves_between_the_learned_and_the_adamw_paths():
+    assert is_orthogonalized(param_roles.MATRIX, (4, 5))
+    assert not is_orthogonalized(param_roles.MATRIX, (4, 1)) and not is_orthogonalized(param_roles.VECTOR, (4, 5))
+    assert not is_orthogonalized(param_roles.EMBEDDING, (10, 4))
+    lo = lopt.Celo2LOpt(adam_lr=1e-2)
+    theta = lo.init(jax.random.key(0))
+    params = {"embed": {"embedding": jnp.ones((10, 4))}, "head": {"kernel": jnp.ones((4, 3))}}
+    g = {"embed": {"embedding": jnp.full((10, 4), 0.5)}, "head": {"kernel": jnp.full((4, 3), 0.5)}}
+    as_embedding = {"embed": None, "head": param_roles.EMBEDDING}  # an output layer given AdamW
+    tx = lo.opt_fn(theta, weight_dimension_numbers=as_embedding)
+    u, _ = tx.update(g, tx.init(params), params)
+    # NAdam's first step is lr · (1 + β/(1 + β)) · sign(g) (up to ε), for the embedding and the marked head alike
+    first = -1e-2 * (1.0 + 0.95 / 1.95)
+    chex.assert_trees_all_close(u, jax.tree_util.tree_map(lambda x: jnp.full(x.shape, first), g), rtol=1e-5)
+
+
+def test_decoupled_weight_decay_is_lr_times_lambda_times_p():
+    wd, lr = 0.1, 1e-2
+    params = {"bias": jnp.full((5,), 2.0), "w": jnp.eye(4) * 3.0}
+    zero = jax.tree_util.tree_map(jnp.zeros_like, params)
+    with_wd, without = (lopt.Celo2LOpt(adam_lr=lr, matrix_lr=lr, weight_decay=w, residual_init=0.0) for w in (wd, 0.0))
+    ua, _ = with_wd.opt_fn(with_wd.init(jax.random.key(0))).update(zero, with_wd.opt_fn(with_wd.init(jax.random.key(0))).init(params), params)
+    ub, _ = without.opt_fn(without.init(jax.random.key(0))).update(zero, without.opt_fn(without.init(jax.random.key(0))).init(params), params)
+    chex.assert_trees_all_close(jax.tree_util.tree_map(lambda a, b: a - b, ua, ub),
+                                jax.tree_util.tree_map(lambda p: -lr * wd * p, params), rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("shape, role", [((4,), param_roles.VECTOR), ((5, 5, 5), param_roles.matrix((0, 1, 2)))])
+def test_dimension_numbers_refuse_leaves_that_are_not_matrices(shape, role):
+    with pytest.raises(ValueError, match="orthogonalized|no output axis"):
+        newton_schulz.dimension_numbers(role, len(shape))
