@@ -3,6 +3,7 @@
 Built-in names (loaded lazily: nothing touches the disk until `get_dataset`):
   digits                       scikit-learn's 8x8 digits (bundled, no files)
   signals1d                    procedural 1-D signals (no files)
+  grammar_text, arithmetic_text procedural byte text (tasks.suites.texts; windows of 32 bytes, no files)
   mnist, fashion_mnist         IDX files, 28x28x1; `_14` / `_7` suffixes: mean-pooled 14x14 / 7x7
   cifar10                      binary batches, 32x32x3; `cifar10_16`, `cifar10_8`: pooled
 Path names: "npz:/path/data.npz" (`load_npz`), "text:/path/file.txt" (`byte_sequences`, seq_len 64).
@@ -107,3 +108,5 @@ def _ensure_builtins() -> None:
     register_dataset("cifar10", _lazy("tasks.datasets.image_files", "cifar10"))
     register_dataset("cifar10_16", _lazy("tasks.datasets.image_files", "cifar10", downsample_factor=2))
     register_dataset("cifar10_8", _lazy("tasks.datasets.image_files", "cifar10", downsample_factor=4))
+    for name in ("grammar_text", "arithmetic_text"):  # procedural byte corpora (tasks.suites.texts)
+        register_dataset(name, _lazy("tasks.suites.texts", "text_dataset", name=name))

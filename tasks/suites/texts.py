@@ -4,7 +4,9 @@ machine gets the same bytes and nothing is read or downloaded:
 - "grammar_text" (`grammar_text`): English-like sentences from a small stochastic grammar;
 - "arithmetic_text" (`arithmetic_text`): lines of integer sums and differences with their results.
 
-`TEXTS` maps each name (a suite task's dataset) to its generator.
+`TEXTS` maps each name (a suite task's dataset) to its generator. Both are also datasets of
+`tasks.registry` (`text_dataset`), so a task family reads them by name, e.g. from gin:
+`ByteLMFamily.dataset = "grammar_text"`.
 """
 from __future__ import annotations
 
@@ -95,6 +97,21 @@ def _text_source(name: str, batch_size: int, seq_len: int):
     if name not in TEXTS:
         raise ValueError(f"unknown suite text {name!r}; the texts are {sorted(TEXTS)}")
     return byte_sequences(TEXTS[name](), batch_size, seq_len=seq_len, name=name)
+
+
+def text_dataset(batch_size: int, *, name: str, seq_len: int = 32):
+    """The registered dataset `name` ("grammar_text" or "arithmetic_text" in `tasks.registry`): byte
+    windows of that corpus, as the suites' byte LMs read them.
+
+    Args:
+      batch_size: windows per batch.
+      name: a key of `TEXTS`.
+      seq_len: bytes per window (the suites use 32).
+
+    Returns:
+      the DataSource of {"tokens": [batch_size, seq_len] uint8}, named `name`.
+    """
+    return _text_source(name, batch_size, seq_len)
 
 
 def _grammar_source(batch_size: int, seq_len: int):

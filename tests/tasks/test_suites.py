@@ -83,6 +83,18 @@ def test_grammar_text_is_fixed_ascii_sentences():
                                   + suites._PREPOSITIONS + ("the", "a", "every", "one", "and"))
 
 
+@pytest.mark.parametrize("name", ["grammar_text", "arithmetic_text"])
+def test_the_procedural_texts_are_registered_datasets_a_byte_lm_family_reads_by_name(name):
+    from tasks import ByteLMFamily, registry
+    data = registry.get_dataset(name, 8)
+    tokens = np.asarray(data.batch(jax.random.key(0), "train")["tokens"])
+    assert data.name == name and tokens.shape == (8, 32) and tokens.dtype == np.uint8
+    corpus = suites.TEXTS[name]()
+    assert bytes(tokens[0]) in corpus  # windows of the corpus itself
+    family = ByteLMFamily(name, "lstm", batch_size=8, embed_dim=8, hidden_size=8)
+    assert family.data is data and not suites.overlaps(suites.get("lm-cpu"), family)
+
+
 class _Built(Exception):
     """Carries the estimators scripts/outer_train.py's train() built, instead of meta-training with them."""
 
