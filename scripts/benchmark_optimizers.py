@@ -65,11 +65,13 @@ def model_params(widths: Sequence[int], key: jax.Array) -> dict:
 
 
 def optimizers() -> dict[str, optax.GradientTransformation]:
-    """The benchmarked optimizers by name: optax.adam(1e-3), each learned optimizer at its initial
-    theta, and the shipped meta-trained optimizer a user loads (`lopt.pretrained.load("normmlp_v3")`,
-    a NormMLPLOpt; told a horizon of 1000 steps)."""
-    out = {"optax.adam": optax.adam(1e-3)}
-    for lo in [lopt.MLPLOpt(), lopt.AdafacMLPLOpt(), lopt.RNNMLPLOpt(), lopt.NNAdam(), lopt.HyperLOpt()]:
+    """The benchmarked optimizers by name: optax.adam(1e-3), optax.contrib.muon(0.02) (Newton–Schulz
+    on the weight matrices, Adam on the biases), each learned optimizer at its initial theta, and the
+    shipped meta-trained optimizer a user loads (`lopt.pretrained.load("normmlp_v3")`, a NormMLPLOpt;
+    told a horizon of 1000 steps)."""
+    out = {"optax.adam": optax.adam(1e-3), "optax.contrib.muon": optax.contrib.muon(0.02)}
+    for lo in [lopt.MLPLOpt(), lopt.AdafacMLPLOpt(), lopt.RNNMLPLOpt(), lopt.NNAdam(), lopt.HyperLOpt(),
+               lopt.Celo2LOpt()]:
         out[lo.name] = lo.opt_fn(lo.init(jax.random.key(0)))
     out["pretrained:normmlp_v3"] = lopt.pretrained.load("normmlp_v3", num_steps=1000)
     return out
@@ -289,6 +291,12 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
         lines.append(f"| {size} | {t.update_s * 1e3:.2f} / {t.step_s * 1e3:.2f} | {t.update_s / floor:.2f} | "
                      f"{g_t * 1e3:.2f} ({block}, {g_flops / 1e9:.0f}) | {t.update_s / g_t:.2f} / {t.step_s / g_t:.2f} | "
                      f"{ada.update_s / adam.update_s:.1f} / {ada.step_s / adam.step_s:.1f} |")
+    if all("Celo2LOpt" in res for _, res in results.values()):
+        lines += ["", "Celo2LOpt orthogonalizes its weight matrices' updates as Muon does; its target is ≤ 2× Muon's step.", "",
+                  "| model | Celo2LOpt ÷ optax.contrib.muon (update / train step) |", "|---|---:|"]
+        for size, (n, res) in results.items():
+            c, m = res["Celo2LOpt"], res["optax.contrib.muon"]
+            lines.append(f"| {size} | {c.update_s / m.update_s:.2f} / {c.step_s / m.step_s:.2f} |")
     return "\n".join(lines) + "\n"
 
 
