@@ -8,9 +8,10 @@
 `(learned_opt, theta)` pair; every architecture of `lopt.architectures()` has a torch rule.
 
 The update is each architecture's own, re-implemented in torch ops reading theta (one module per
-architecture, `lopt.torch.<module>` mirroring `lopt.<module>`), so it runs torch-native on any
-device, CPU or CUDA, with no JAX call per step; tests/lopt/test_torch.py checks that it matches the
-JAX transform `learned_opt.opt_fn(theta, num_steps=N)`, fed the same gradients and losses.
+architecture, `lopt.torch.<module>` mirroring `lopt.<module>` or `lopt.<subpackage>.<module>`),
+so it runs torch-native on any device, CPU or CUDA, with no JAX call per step;
+tests/lopt/test_torch.py checks that it matches the JAX transform
+`learned_opt.opt_fn(theta, num_steps=N)`, fed the same gradients and losses.
 
 Layouts: torch's nn.Linear weight is [out, in] and nn.ConvNd's [out, in, *k], where flax's kernels
 are [in, out] and [*k, in, out]. The rules that depend on axes (factored row/column statistics,
@@ -24,8 +25,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError('lopt.torch needs PyTorch: pip install "lopt[torch]" (or pip install torch)') from e
 
-from lopt.torch import (adafac_mlp_lopt, hyper_lopt, learnable_hparams, mlp_lopt, nn_adam,  # noqa: F401  (register)
-                        norm_mlp_lopt, rnn_mlp_lopt)
+from lopt.torch import (adafac_mlp_lopt, celo2_lopt, hyper_lopt, learnable_hparams, mlp_lopt,  # noqa: F401  (register)
+                        nn_adam, norm_mlp_lopt, rnn_mlp_lopt)
 from lopt.torch.layout import default_axes, from_jax, resolve_axes, to_jax
 from lopt.torch.optimizer import TorchLearnedOptimizer, default_chunk, optimizer
 from lopt.torch.rule import RULES, Rule, rule_for, supported_architectures

@@ -8,7 +8,8 @@ JAX/flax/haiku kernels put the input axis before the output axis, torch the othe
 Most of a learned optimizer's update is elementwise, or reduces over a whole tensor, and does not
 care. Some rules do: AdafacMLPLOpt and HyperLOpt factor the second moment over the last two axes
 (row and column statistics), NormMLPLOpt's `fan_in_ref` reads fan_in = ∏ shape[:-1] (every axis
-but the output axis) and its `orthogonalize` option orthogonalizes 2-D tensors. So each torch
+but the output axis) and its `orthogonalize` option orthogonalizes 2-D tensors, and Celo2LOpt
+orthogonalizes each matrix read as [∏ shape[:-1], shape[-1]]. So each torch
 parameter is given an axis order, `axes`, with `param.permute(axes)` the tensor as the JAX
 optimizer would hold it, and every axis-dependent statistic is taken on that view (the state
 keeps the torch parameter's own layout for everything elementwise).

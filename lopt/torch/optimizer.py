@@ -27,7 +27,7 @@ import torch
 from lopt.torch.layout import resolve_axes
 from lopt.torch.norm_mlp_lopt import role_of
 from lopt.torch.overshoot_brake import BRAKE_KEY
-from lopt.torch.rule import Context, Item, rule_for
+from lopt.torch.rule import RULES, Context, Item, rule_for
 from lopt.torch.source import Source, check_horizon, resolve, theta_fingerprint
 
 __all__ = ["TorchLearnedOptimizer", "optimizer", "OPTIONS", "default_chunk"]
@@ -59,9 +59,10 @@ class TorchLearnedOptimizer(torch.optim.Optimizer):
         default: nn.Linear / nn.ConvNd), "jax", a tuple of axes, a list of those (one per parameter
         of the group), or a callable param -> layout. Per group.
       chunk_size: elements per block of the per-parameter work (None: `default_chunk`). Per group.
-      role: the parameters' role for architectures with a fan-in rule (NormMLPLOpt; `lopt.param_roles`):
-        None (the default: "matrix" from 2 axes, "vector" below), "matrix", "embedding" (e.g.
-        nn.Embedding.weight: no fan-in factor) or "vector" (bias-like). Per group.
+      role: the parameters' role for architectures with a fan-in rule (NormMLPLOpt, Celo2LOpt;
+        `lopt.param_roles`): None (the default: "matrix" from 2 axes, "vector" below), "matrix",
+        "embedding" (e.g. nn.Embedding.weight: no fan-in factor; Celo2LOpt: AdamW, not
+        orthogonalized) or "vector" (bias-like). Per group.
       require_loss: refuse to step an architecture that reads the loss without one (False: step it
         with zero loss features, as the JAX transform does when `loss=` is left out).
     """
@@ -99,8 +100,9 @@ class TorchLearnedOptimizer(torch.optim.Optimizer):
         group["layout"] = _per_param_layout(group["layout"], group["params"], where)
         if group["role"] is not None:
             if not self.rule.reads_roles:
+                readers = [name for name, rule in RULES.items() if rule.reads_roles]
                 raise ValueError(f"role of {where}: {self.source.learned_opt.name} has no fan-in rule; role applies "
-                                 f"to NormMLPLOpt")
+                                 f"to {', '.join(sorted(readers))}")
             for p in group["params"]:
                 role_of(p, group["role"])
         for p in group["params"]:

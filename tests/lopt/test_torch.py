@@ -5,10 +5,12 @@ kernel, a bias and a 4-D conv kernel; the torch parameters are in torch's layout
 transposed, the conv kernel [out, in, kh, kw]), so a rule that read the wrong axes (factored
 statistics, fan-in) would fail. Two errors are measured per tensor after 100 steps:
 
-- relative to the parameters: max |p_torch − p_jax| / max |p_jax|, required ≤ 1e-5 (measured ≤ ~3e-7);
+- relative to the parameters: max |p_torch − p_jax| / max |p_jax|, required ≤ 1e-5 (measured ≤ ~3e-7;
+  ≤ ~4e-7 for Celo2LOpt, whose Newton–Schulz iteration amplifies rounding: optax's own float32
+  orthogonalization is ~1e-6 from float64's);
 - relative to the distance travelled: max |p_torch − p_jax| / max |p_jax − p_0|, a much stricter
-  measure because the updates are small next to the weights; required ≤ 1e-4 (measured ≤ ~4e-6).
-  The two float32 programs differ in rounding only (XLA's and torch's tanh, exp, pow and
+  measure because the updates are small next to the weights; required ≤ 1e-4 (measured ≤ ~6e-6).
+  The two float32 programs differ in rounding only (XLA's and torch's tanh, exp, pow, matmul and
   summation orders differ in the last bit).
 """
 from __future__ import annotations
@@ -133,6 +135,9 @@ CONFIGS = {
     "mlp_progress_3_layers": lopt.MLPLOpt(use_num_steps=True, hidden_layers=3, hidden_size=8),
     "adafac_progress": lopt.AdafacMLPLOpt(use_num_steps=True),
     "hyper_2_layers": lopt.HyperLOpt(mlp_layers=2),
+    # the learned residual moves the final parameters by ~15-20% of their travel (~2-4% at the default
+    # residual_init): far above TRAVEL_TOL, so a wrong residual fails
+    "celo2_residual_1_weight_decay_3_layers": lopt.Celo2LOpt(residual_init=1.0, weight_decay=0.1, hidden_layers=3),
 }
 
 
@@ -142,7 +147,7 @@ def test_other_configs_match(name):
     check_parity(learned_opt, perturbed(learned_opt.init(jax.random.key(1)), jax.random.key(2)))
 
 
-@pytest.mark.parametrize("name", ["MLPLOpt", "AdafacMLPLOpt", "NormMLPLOpt"])
+@pytest.mark.parametrize("name", ["MLPLOpt", "AdafacMLPLOpt", "NormMLPLOpt", "Celo2LOpt"])
 def test_small_blocks_match(name):
     """chunk_size=8: every tensor is walked in many blocks (a partial last one included)."""
     learned_opt = lopt.base.architecture(name)()
@@ -199,16 +204,20 @@ def overshooting_problem(seed=0, steps=STEPS, rho=0.8):
     return params, grads, losses
 
 
-@pytest.mark.parametrize("name", ["normmlp_v3", "normmlp_brake_random_theta"])
+BRAKE_CONFIGS = {"normmlp_brake_random_theta": lopt.NormMLPLOpt(overshoot_gain=0.2),
+                 "celo2_brake_random_theta": lopt.Celo2LOpt(overshoot_gain=0.2)}
+
+
+@pytest.mark.parametrize("name", ["normmlp_v3", *BRAKE_CONFIGS])
 def test_overshoot_brake_matches(name):
     """The overshoot brake (global over all parameters) as the JAX transform applies it: normmlp_v3
-    as shipped (DEPLOY_OPTIONS: overshoot_gain 0.2; α falls to its floor here) and a random-theta
-    NormMLPLOpt(overshoot_gain=0.2) (α falls to ~0.09): parameters ≤ 1e-5 relative after 100 steps
-    and α_t within 1e-5 at every step."""
+    as shipped (DEPLOY_OPTIONS: overshoot_gain 0.2; α falls to its floor here), a random-theta
+    NormMLPLOpt(overshoot_gain=0.2) (α falls to ~0.09) and a random-theta Celo2LOpt(overshoot_gain=0.2)
+    (α falls to its floor): parameters ≤ 1e-5 relative after 100 steps and α_t within 1e-5 at every step."""
     if name in lopt.pretrained.names():
         (lo, theta), source = lopt.pretrained.deployed_learned_optimizer(name), name
     else:
-        lo = lopt.NormMLPLOpt(overshoot_gain=0.2)
+        lo = BRAKE_CONFIGS[name]
         theta = perturbed(lo.init(jax.random.key(1)), jax.random.key(2))
         source = (lo, theta)
     assert lo.overshoot_gain > 0
@@ -241,22 +250,32 @@ def test_overshoot_brake_matches(name):
         assert rel <= PARAM_TOL and travel <= TRAVEL_TOL, f"{name}: {k} differs: {errs}"
 
 
-def test_roles_embedding_and_2d_vector_match():
+ROLE_CONFIGS = {"NormMLPLOpt": lopt.NormMLPLOpt(relative_step=True, fan_in_ref=64.0), "Celo2LOpt": lopt.Celo2LOpt()}
+
+
+@pytest.mark.parametrize("name", sorted(ROLE_CONFIGS))
+def test_roles_embedding_and_2d_vector_match(name):
     """A parameter group's role: an nn.Embedding-like table with role="embedding" (JAX: a leaf named
-    "embedding", no fan-in factor) and a 2-D bias with role="vector" (JAX: a [heads, head_dim] leaf
-    named "bias") match the JAX fan-in rule; without the roles they do not (a negative control)."""
-    lo = lopt.NormMLPLOpt(relative_step=True, fan_in_ref=64.0)
+    "embedding"), an nn.Linear-like output layer (torch layout) marked role="embedding" (JAX:
+    weight_dimension_numbers gives it param_roles.EMBEDDING) and a 2-D bias with role="vector" (JAX:
+    a [heads, head_dim] leaf named "bias") match the JAX transform: NormMLPLOpt's fan-in rule (no
+    fan-in factor for an embedding, none of a matrix's step for a vector) and Celo2LOpt's routing
+    (the three take the NAdamW path, the dense kernel the orthogonalized one). Without the roles
+    they do not (a negative control)."""
+    lo = ROLE_CONFIGS[name]
     theta = perturbed(lo.init(jax.random.key(1)), jax.random.key(2))
     rng = np.random.RandomState(3)
-    shapes = {"dense": (5, 7), "embed": (11, 6), "attn_bias": (2, 3)}
+    shapes = {"dense": (5, 7), "embed": (11, 6), "attn_bias": (2, 3), "head": (7, 4)}
     params = {k: (rng.randn(*s) * 0.5).astype(np.float32) for k, s in shapes.items()}
     grads = [{k: (rng.randn(*s) * 0.1).astype(np.float32) for k, s in shapes.items()} for _ in range(STEPS)]
     losses = (2.0 * np.exp(-np.arange(STEPS) / 50)).astype(np.float32)
     tree = lambda d: {"dense": {"kernel": d["dense"]}, "embed": {"embedding": d["embed"]},
-                      "attn": {"bias": d["attn_bias"]}}
-    roles = lopt.param_roles.infer(tree(params))
-    assert (roles["embed"]["embedding"].kind, roles["attn"]["bias"].kind) == ("embedding", "vector")
-    tx = lo.opt_fn(theta, num_steps=STEPS)
+                      "attn": {"bias": d["attn_bias"]}, "head": {"kernel": d["head"]}}
+    dims = {"dense": None, "embed": None, "attn": None, "head": lopt.param_roles.EMBEDDING}
+    roles = lopt.param_roles.infer(tree(params), dims)
+    assert [roles[k][leaf].kind for k, leaf in (("dense", "kernel"), ("embed", "embedding"), ("attn", "bias"),
+                                                ("head", "kernel"))] == ["matrix", "embedding", "vector", "embedding"]
+    tx = lo.opt_fn(theta, num_steps=STEPS, weight_dimension_numbers=dims)
     update = jax.jit(tx.update)
     p = jax.tree_util.tree_map(jnp.asarray, tree(params))
     state = tx.init(p)
@@ -264,27 +283,29 @@ def test_roles_embedding_and_2d_vector_match():
         updates, state = update(tree(g), state, p, loss=loss)
         p = optax.apply_updates(p, updates)
     want = {"dense": np.asarray(p["dense"]["kernel"]), "embed": np.asarray(p["embed"]["embedding"]),
-            "attn_bias": np.asarray(p["attn"]["bias"])}
+            "attn_bias": np.asarray(p["attn"]["bias"]), "head": np.asarray(p["head"]["kernel"])}
 
     def run(with_roles):
         tp = {"dense": torch.nn.Parameter(lt.from_jax(params["dense"])),
               "embed": torch.nn.Parameter(torch.tensor(params["embed"])),  # nn.Embedding.weight [vocab, dim]
-              "attn_bias": torch.nn.Parameter(torch.tensor(params["attn_bias"]))}
+              "attn_bias": torch.nn.Parameter(torch.tensor(params["attn_bias"])),
+              "head": torch.nn.Parameter(lt.from_jax(params["head"]))}  # nn.Linear.weight [out, in]
         extra = lambda role: {"role": role} if with_roles else {}
         opt = lt.optimizer((lo, theta), [{"params": [tp["dense"]]},
                                          {"params": [tp["embed"]], "layout": "jax", **extra("embedding")},
-                                         {"params": [tp["attn_bias"]], "layout": "jax", **extra("vector")}],
+                                         {"params": [tp["attn_bias"]], "layout": "jax", **extra("vector")},
+                                         {"params": [tp["head"]], **extra("embedding")}],
                            num_steps=STEPS)
         for g, loss in zip(grads, losses):
-            tp["dense"].grad = lt.from_jax(g["dense"])
+            tp["dense"].grad, tp["head"].grad = lt.from_jax(g["dense"]), lt.from_jax(g["head"])
             tp["embed"].grad, tp["attn_bias"].grad = torch.tensor(g["embed"]), torch.tensor(g["attn_bias"])
             opt.step(loss=float(loss))
         return {"dense": lt.to_jax(tp["dense"].detach()), "embed": tp["embed"].detach().numpy(),
-                "attn_bias": tp["attn_bias"].detach().numpy()}
+                "attn_bias": tp["attn_bias"].detach().numpy(), "head": lt.to_jax(tp["head"].detach())}
 
     errs = errors(want, run(True), params)
     for k, (rel, travel) in errs.items():
         assert np.max(np.abs(want[k] - params[k])) > 1e-4, f"{k} did not move"
-        assert rel <= PARAM_TOL and travel <= TRAVEL_TOL, f"{k} differs: {errs}"
+        assert rel <= PARAM_TOL and travel <= TRAVEL_TOL, f"{name}: {k} differs: {errs}"
     wrong = errors(want, run(False), params)
-    assert min(wrong["embed"][1], wrong["attn_bias"][1]) > 100 * TRAVEL_TOL, wrong
+    assert min(wrong["embed"][1], wrong["attn_bias"][1], wrong["head"][1]) > 100 * TRAVEL_TOL, wrong

@@ -1,0 +1,141 @@
+"""Celo2LOpt's update in torch (`lopt.orthogonal.celo2_lopt`): a learned direction for weight
+matrices, orthogonalized by Muon's Newton–Schulz, and NAdamW for the other tensors.
+
+Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.mlp_lopt`), t the updates so far:
+
+    b   = β m_β / (1 − β^(t+2)) + (1 − β) g / (1 − β^(t+1))     optax.contrib.muon's Nesterov momentum
+    matrix:  u = b / (rms(b) + 1e-8) + MLP(x)                    x RMS-normalised (folded into the first layer)
+             Δp = −η_matrix · (width_scale · NS(u) + λ p)
+    other:   Δp = −η_adam · (b / (√(v / (1 − β_v^(t+1))) + 1e-8) + λ p)
+
+(η_matrix, η_adam) = (matrix_lr, adam_lr) · exp(log_lr_range · tanh(s)), s from the step-size MLP
+on [emb(t), progress(t, N), loss features]. NS is optax's `orthogonalize_via_newton_schulz`
+(`lopt.torch.norm_mlp_lopt.newton_schulz`: Frobenius pre-normalisation with eps 1e-8, 5 quintic
+steps, coefficients (3.4445, −4.7750, 2.0315), the wide orientation) of u read as the matrix
+[fan_in, fan_out] in JAX layout, and width_scale = √max(1, fan_out / fan_in)
+(`lopt.orthogonal.newton_schulz.width_scale`).
+
+Each parameter's role (`lopt.param_roles`) is its group's `role` option, as for NormMLPLOpt
+(`lopt.torch.norm_mlp_lopt.role_of`): by default "matrix" from 2 axes, with the input axes every
+JAX-layout axis but the last (dense [in, out], conv [*spatial, in, out]: the axes the JAX side
+infers for them), and "vector" below. "embedding" and "vector" take the NAdamW path, and so does
+a "matrix" with a single input or output (`lopt.orthogonal.celo2_lopt.is_orthogonalized`).
+
+With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.overshoot_brake`),
+which `TorchLearnedOptimizer.step` applies over all parameters: every Δp scaled by α_t ≤ 1.
+"""
+from __future__ import annotations
+
+import torch
+
+from lopt import param_roles
+from lopt.orthogonal.celo2_lopt import is_orthogonalized
+from lopt.orthogonal.newton_schulz import width_scale
+from lopt.torch import common
+from lopt.torch.layout import inverse_axes
+from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
+from lopt.torch.norm_mlp_lopt import newton_schulz, role_of
+from lopt.torch.overshoot_brake import OvershootBrake
+from lopt.torch.rule import Context, Item, Rule, register
+
+__all__ = ["Celo2LOptRule", "jax_role"]
+
+
+def jax_role(kind: str, jax_shape: tuple) -> param_roles.ParamRole:
+    """The `lopt.param_roles.ParamRole` of a torch parameter of role `kind` and JAX-layout shape:
+    a "matrix" reduces over every axis but the last."""
+    if kind == "matrix":
+        return param_roles.matrix(tuple(range(len(jax_shape) - 1)))
+    return param_roles.ParamRole(kind)
+
+
+def orthogonalized_step(u: torch.Tensor, it: Item, role: param_roles.ParamRole) -> torch.Tensor:
+    """width_scale · NS(u) of one matrix, u flat [n] in the parameter's layout; [*param.shape].
+
+    The JAX view (`param.permute(axes)`) is read as [fan_in, fan_out] (its input axes lead), as
+    optax's `_compute_muon_reshape` reads a leaf whose reduction axes precede its output axis.
+    """
+    jax_shape = it.jax_shape
+    fan_in = role.fan_in(jax_shape)
+    mat = u.view(tuple(it.param.shape)).permute(it.axes).reshape(fan_in, -1)
+    orth = newton_schulz(mat).reshape(jax_shape).permute(inverse_axes(it.axes)).contiguous()
+    return orth.mul_(width_scale(jax_shape, role))
+
+
+@register("Celo2LOpt")
+class Celo2LOptRule(Rule):
+    """`lopt.Celo2LOpt`'s update (the math is in the module docstring).
+
+    Args:
+      learned_opt: the `lopt.Celo2LOpt`.
+      theta: its meta-parameters (numpy arrays).
+    """
+
+    reads_loss = True
+    reads_roles = True
+
+    def __init__(self, learned_opt, theta):
+        super().__init__(learned_opt, theta)
+        if learned_opt.overshoot_gain > 0:
+            self.brake = OvershootBrake(learned_opt.overshoot_gain, learned_opt.overshoot_threshold)
+
+    def init_state(self, param, axes, dtype, role=None):
+        state = mlp_state(param, len(self.learned_opt.decays), dtype)
+        if self.brake is not None:
+            state.update(self.brake.init_param_state(param))
+        state["loss_state"] = torch.zeros((2,), dtype=dtype, device=param.device)
+        state["role"] = role_of(param, role)
+        return state
+
+    def step_sizes(self, ctx: Context, items, loss_feats: torch.Tensor) -> torch.Tensor:
+        """(η_matrix, η_adam) per item: [L, 2]."""
+        lo, lr = self.learned_opt, ctx.theta["lr"]
+        z = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items, lo.use_num_steps), loss_feats], dim=1)
+        h = torch.relu(z @ lr["hidden"]["w"] + lr["hidden"]["b"])
+        s = h @ lr["output"]["w"] + lr["output"]["b"]
+        base = torch.tensor([lo.matrix_lr, lo.adam_lr], dtype=ctx.dtype, device=ctx.device)
+        return base * torch.exp(lo.log_lr_range * torch.tanh(s))
+
+    def updates(self, items, ctx):
+        lo, mlp = self.learned_opt, ctx.theta["mlp"]
+        loss_feats = self.loss_features(items, ctx)
+        lrs = self.step_sizes(ctx, items, loss_feats)
+        rest = common.as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
+                                  for i in range(1, lo.hidden_layers)] + [(mlp["output"]["w"], mlp["output"]["b"])])
+        decays = torch.tensor(lo.decays, dtype=ctx.dtype, device=ctx.device)
+        idx = lo._mom_idx
+        beta = lo.decays[idx]
+        t1 = ctx.steps + 1.0
+        bc_m = 1.0 - common.pow_f32(beta, t1 + 1.0, ctx.dtype)  # the momentum's, one step ahead (Nesterov)
+        bc_g = 1.0 - common.pow_f32(beta, t1, ctx.dtype)
+        bc_v = 1.0 - common.pow_f32(lo.rms_decay, t1, ctx.dtype)
+        for i, it in enumerate(items):
+            shape = tuple(it.param.shape)
+            if it.param.numel() == 0:
+                yield torch.zeros(shape, dtype=ctx.dtype, device=ctx.device)
+                continue
+            role = jax_role(it.state.get("role") or role_of(it.param), it.jax_shape)
+            ortho = is_orthogonalized(role, it.jax_shape)
+            leaf = FlatLeaf(it, ctx.dtype, idx, self.ws)
+            sums = leaf.accumulate_and_sum(decays, lo.rms_decay, want_sums=ortho)
+            nesterov = self.ws.get("nesterov", (leaf.n,), ctx.dtype, ctx.device)
+            torch.mul(leaf.m[idx], beta, out=nesterov).div_(bc_m[i])
+            nesterov.add_(torch.mul(leaf.g, 1.0 - beta, out=self.ws.get("g_term", (leaf.n,), ctx.dtype,
+                                                                          ctx.device)).div_(bc_g[i]))
+            if ortho:
+                nesterov.div_(torch.sqrt(torch.mean(torch.square(nesterov))) + 1e-8)
+                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + common.EPS)[:, None]).t().contiguous()
+
+                def direction(o, s, e, out):  # b / (rms(b) + 1e-8) + MLP(x)
+                    torch.add(nesterov[s:e], o[0], out=out)
+
+                u = leaf.mlp_map([(w1t, mlp["input"]["b"])] + rest, direction)
+                step = orthogonalized_step(u, it, role)
+                lr = lrs[i, 0]
+            else:
+                den = torch.div(leaf.v, bc_v[i], out=self.ws.get("den", (leaf.n,), ctx.dtype, ctx.device))
+                step = nesterov.div_(den.sqrt_().add_(1e-8)).view(shape)
+                lr = lrs[i, 1]
+            if lo.weight_decay:
+                step = step.add_(torch.mul(leaf.p.view(shape), lo.weight_decay))
+            yield step.mul_(lr).neg_()
