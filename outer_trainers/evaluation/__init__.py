@@ -15,7 +15,8 @@ One concept per module:
   the report of `scripts/outer_train.py`);
 - `optimizer_specs`: what an optimizer spec names (a baseline, pretrained:NAME, a theta or
   checkpoint file), loaded and run;
-- `task_plan`: an evaluation's arguments checked and its tasks built before any work;
+- `task_plan`: an evaluation's arguments checked and its tasks built before any work (`plan_tasks`:
+  the tasks of a suite or a task list, also for meta-training's validation selection);
 - `suite_runs`: `evaluate`, the whole evaluation on a suite or a task list, and its five files;
 - `report`, `curves`: the Markdown, JSON and CSV results, and the plots (curves, performance profile);
 - `stress_test`: the stability check past the meta-training horizon.
@@ -35,7 +36,7 @@ from outer_trainers.evaluation.scores import (collapsed, compare_runs, diverged,
 from outer_trainers.evaluation.stress_test import STRESS_FILES, stress_test
 from outer_trainers.evaluation.suite_runs import (DEFAULT_BASELINES, RESULT_FILES, evaluate, run_task,
                                                   runs_in_sequence, trivial_losses)
-from outer_trainers.evaluation.task_plan import PlannedTask, check_arguments
+from outer_trainers.evaluation.task_plan import PlannedTask, check_arguments, plan_tasks
 from outer_trainers.evaluation.task_trainer import (make_task_trainer, run_fixed, run_settings, sample_cfgs,
                                                     task_draws)
 from outer_trainers.evaluation.tuning import (baseline, baseline_names, best_runs, check_learning_rates, default_lrs,
@@ -55,8 +56,8 @@ __all__ = [
     # the protocol's module, comparison
     "protocol", "compare_optimizers", "format_comparison",
     # evaluating optimizers on suites
-    "resolve_optimizer", "optimizer_labels", "run_learned", "PlannedTask", "check_arguments", "run_task",
-    "runs_in_sequence", "trivial_losses", "evaluate", "RESULT_FILES", "DEFAULT_BASELINES", "stress_test",
+    "resolve_optimizer", "optimizer_labels", "run_learned", "PlannedTask", "check_arguments", "plan_tasks",
+    "run_task", "runs_in_sequence", "trivial_losses", "evaluate", "RESULT_FILES", "DEFAULT_BASELINES", "stress_test",
     "STRESS_FILES",
     # reports
     "format_number", "lr_label", "markdown_table", "comparison_tables", "results_markdown", "json_safe",

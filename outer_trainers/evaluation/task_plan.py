@@ -2,11 +2,14 @@
 
     plan = check_arguments(output_dir, specs, "heldout-cpu", (), 1000, 3, ["adam"], grids, 0.9, "test")
     for name, family, num_steps, seeds, eval_split in plan: ...
+    plan = plan_tasks("validation-cpu", (), 1000, 3, "test", what="ValidationSelector")   # the tasks alone
 
 A suite (`tasks.suites`) brings its tasks with their step budgets, seeds and eval splits; a list
 of Tasks or TaskFamilies takes one step budget, seeds 0 .. num_seeds - 1 and one eval split. Every
 argument of `suite_runs.evaluate` and `stress_test.stress_test` is checked here, and every suite
 task's data loaded, so that a wrong argument or missing data stops the evaluation before any work.
+`plan_tasks` builds the tasks alone, for other users of the same task lists (the validation
+selection of meta-training, `learner.validation_selection`).
 """
 from __future__ import annotations
 
@@ -79,28 +82,56 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
                          f"one of {baseline_names()})")
     if suite is not None and tasks:
         raise ValueError(f"evaluate: give a suite (--suite {suite}) or tasks (--task), not both")
+    if suite is None and not tasks:
+        raise ValueError("evaluate: no tasks; give --suite NAME (one of "
+                         f"{suites.names()}) or --task 'QuadraticFamily(dim=4)' (or evaluate.tasks)")
+    return plan_tasks(suite, tasks, num_steps, num_seeds, eval_split)
+
+
+def plan_tasks(suite: Optional[str], tasks: Sequence[Any], num_steps: int, num_seeds: int, eval_split: str, *,
+               what: str = "evaluate") -> list[PlannedTask]:
+    """The tasks of a suite or of a task list, built (their data loaded) and checked.
+
+    Args:
+      suite: a suite name (`tasks.suites.names()`), or None (then `tasks`); its tasks bring their own
+        step budgets, seeds and eval splits.
+      tasks: Tasks or TaskFamilies (used without a suite), each run `num_steps` steps for seeds
+        0 .. num_seeds - 1 and scored on `eval_split`; a repeated name gets its index appended.
+      num_steps: training steps per run of `tasks`.
+      num_seeds: task draws per task of `tasks`.
+      eval_split: the data split of the held-out loss of `tasks`.
+      what: the caller's name, starting every error message (e.g. "evaluate").
+
+    Returns:
+      `[PlannedTask(name, family, num_steps, seeds, eval_split)]`, one per task, in order.
+
+    Raises:
+      ValueError: an unknown suite, a suite task whose data is missing or an eval split a task's data
+        does not have, naming it; TypeError: a task of another type.
+    """
     if suite is not None:
+        try:
+            suite_tasks = suites.get(suite)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
         plan = []
-        for t in suites.get(suite):
+        for t in suite_tasks:
             try:
                 family = t.build()
             except FileNotFoundError as e:
-                raise ValueError(f"evaluate: suite {suite!r} task {t.name}: its data is missing: {e}") from None
+                raise ValueError(f"{what}: suite {suite!r} task {t.name}: its data is missing: {e}") from None
             plan.append(PlannedTask(t.name, family, t.num_steps, tuple(t.seeds), t.eval_split))
     else:
-        if not tasks:
-            raise ValueError("evaluate: no tasks; give --suite NAME (one of "
-                             f"{suites.names()}) or --task 'QuadraticFamily(dim=4)' (or evaluate.tasks)")
         plan, seen = [], set()
         for t in tasks:
             family = single_task_family(t) if isinstance(t, Task) else t
             if not isinstance(family, TaskFamily):
-                raise TypeError(f"evaluate.tasks must hold Tasks or TaskFamilies, got {type(t).__name__}")
+                raise TypeError(f"{what}.tasks must hold Tasks or TaskFamilies, got {type(t).__name__}")
             name = family.name if family.name not in seen else f"{family.name}_{len(plan)}"
             seen.add(name)
             plan.append(PlannedTask(name, family, num_steps, tuple(range(num_seeds)), eval_split))
     for name, family, _, _, split in plan:
         if family.data is not None and split not in family.data.splits:
-            raise ValueError(f"evaluate: eval_split {split!r} is not a split of {name}'s data "
+            raise ValueError(f"{what}: eval_split {split!r} is not a split of {name}'s data "
                              f"(it has {sorted(family.data.splits)})")
     return plan
