@@ -127,10 +127,11 @@ class Reporter:
 
     Every step: the progress display advances, and estimates the learner dropped (non-finite, or
     without a valid inner step) are counted and logged with their labels (the first as a
-    RuntimeWarning). Every `log_every` steps, at the last step, at meta-evaluation steps and at a
-    step that stops the run: the metrics (named by `name_metrics`, plus "inner_steps_per_s" since
-    the last logged step, "elapsed_s" and "num_dropped_total" over the whole run, and every
-    `eval_every` steps `meta_evaluator(theta)`'s metrics) are written to `output_dir`'s
+    RuntimeWarning). Every `log_every` steps, at the last step, at meta-evaluation steps, at steps
+    given `extra` metrics and at a step that stops the run: the metrics (named by `name_metrics`,
+    plus "inner_steps_per_s" since the last logged step, "elapsed_s" and "num_dropped_total" over
+    the whole run, every `eval_every` steps `meta_evaluator(theta)`'s metrics, and the `extra`
+    ones) are written to `output_dir`'s
     metrics.jsonl and TensorBoard and shown by the progress display. After
     `max_consecutive_dropped` steps in a row in which every estimate was dropped, `report` raises
     MetaTrainingDiverged. Use it as a context manager (or call `close`) so the files are closed.
@@ -171,7 +172,7 @@ class Reporter:
         self._inner_steps = 0  # since the last logged step
 
     def report(self, step: int, metrics: dict, *, labels: Sequence[str], inner_steps: int,
-               theta: Any = None) -> Optional[dict]:
+               theta: Any = None, extra: Optional[dict] = None) -> Optional[dict]:
         """Reports outer step `step` (1-based: the number of steps taken after it).
 
         Args:
@@ -180,6 +181,8 @@ class Reporter:
             labels: one label per estimate in `metrics` (see `estimator_labels`).
             inner_steps: inner steps this outer step ran over all its estimates (for the throughput).
             theta: theta after the step, for `meta_evaluator` (needed only at evaluation steps).
+            extra: metrics of this step measured by the caller (e.g. the validation selection's); a step
+                with them is always logged, they join its metrics.
 
         Returns:
             The logged metrics as a flat dict of Python numbers, or None when this step is not logged.
@@ -193,7 +196,7 @@ class Reporter:
         diverged = self.max_consecutive_dropped is not None and self._consecutive >= self.max_consecutive_dropped
         evaluate = self.meta_evaluator is not None and self.eval_every > 0 and step % self.eval_every == 0
         logged = None
-        if step % self.log_every == 0 or step == self.target or evaluate or diverged:
+        if step % self.log_every == 0 or step == self.target or evaluate or diverged or extra:
             now = time.perf_counter()
             logged = name_metrics(metrics, labels)
             logged["inner_steps_per_s"] = self._inner_steps / max(now - self._t_logged, 1e-9)
@@ -202,6 +205,7 @@ class Reporter:
             self._t_logged, self._inner_steps = now, 0
             if evaluate:
                 logged.update(self.meta_evaluator(theta))
+            logged.update(extra or {})
             self._log.write(step, logged)
         self._bar.update(1, logged)
         if diverged:

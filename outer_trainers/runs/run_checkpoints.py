@@ -20,7 +20,7 @@ Nothing is lost without being asked for: `restore_or_init` resumes from the newe
 checkpoint (setting unreadable newer ones aside); it refuses (`UnreadableCheckpointsError`) when
 there are checkpoints but none is readable, and refuses (`ExistingRunError`) a new run in a
 directory that holds a run's results (`RUN_RESULTS`: metrics, TensorBoard files, checkpoints,
-final theta), unless `overwrite=True`, which deletes those results (and only those) first. A
+final, last and best theta), unless `overwrite=True`, which deletes those results (and only those) first. A
 refused start (extensions included) changes nothing on disk; `check_start` tells what a start
 would do without doing it.
 """
@@ -50,7 +50,9 @@ logger = logging.getLogger("outer_trainers")
 CHECKPOINT_DIR = "checkpoints"
 THETA_FINAL = "theta_final.msgpack"
 THETA_LAST = "theta_last.msgpack"  # the last theta, beside theta_final (its moving average) when a run averages
-RUN_RESULTS = (METRICS_FILE, TB_DIR, CHECKPOINT_DIR, THETA_FINAL, THETA_LAST)
+# with validation selection (learner.validation_selection): the best-scoring theta so far and its record
+THETA_BEST, THETA_BEST_RECORD = "theta_best.msgpack", "theta_best.json"
+RUN_RESULTS = (METRICS_FILE, TB_DIR, CHECKPOINT_DIR, THETA_FINAL, THETA_LAST, THETA_BEST, THETA_BEST_RECORD)
 OVERWRITE_ADVICE = ("pass overwrite=True (outer_train, train.overwrite, or --overwrite on scripts/outer_train.py) "
                     "to delete them and start a new run")
 
