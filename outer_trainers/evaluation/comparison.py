@@ -91,7 +91,7 @@ def format_comparison(results: dict, num_steps: int) -> str:
 
     Returns:
       the table: one row per optimizer with its final train loss (median over tasks, which picks
-      the best Adam, and mean) and mean eval loss; below it, when Adam has a best rate, when the
+      the best Adam, and mean) and mean eval loss, to 3 significant digits; below it, when Adam has a best rate, when the
       learned optimizer reaches that Adam's final train loss and the speedup
       (`outer_trainers.evaluation.protocol`), whether the best rate is still on the grid's edge, and a note
       when every Adam learning rate diverged (no best Adam).
@@ -102,7 +102,7 @@ def format_comparison(results: dict, num_steps: int) -> str:
         if name in ("best_adam", "protocol"):
             continue
         mark = " (best Adam)" if name == results["best_adam"] else ""
-        lines.append(f"| {name}{mark} | {r['final_train_median']:.4f} | {r['final_train']:.4f} | {r['eval']:.4f} |")
+        lines.append(f"| {name}{mark} | {r['final_train_median']:.3g} | {r['final_train']:.3g} | {r['eval']:.3g} |")
     proto = results.get("protocol") or {}
     compare = proto.get("compare")
     if results["best_adam"] is None:

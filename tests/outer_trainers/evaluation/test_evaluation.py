@@ -45,6 +45,10 @@ def test_compare_optimizers_picks_the_best_adam_by_the_protocol():
     assert c["ratio_train"] == pytest.approx(res["learned"]["final_train_median"] / res[best]["final_train_median"])
     table = ot.format_comparison(res, 15)
     assert "| learned |" in table and f"| {best} (best Adam) |" in table and "speedup" in table
+    learned = res["learned"]
+    assert f"| learned | {learned['final_train_median']:.3g} | {learned['final_train']:.3g} | {learned['eval']:.3g} |" in table
+    tiny = {**res, "learned": {**learned, "final_train_median": 1.234e-6}}
+    assert "| learned | 1.23e-06 |" in ot.format_comparison(tiny, 15)  # small losses keep their digits
 
 
 def test_best_runs_takes_the_lowest_median_final_loss_and_a_diverged_run_loses():
