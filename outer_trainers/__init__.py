@@ -18,8 +18,8 @@ from outer_trainers.estimators import (Estimate, EstimatorSchedule, FullES, Full
                                        TruncatedPESPMAP, default_compiler_options, estimator_on_family)
 from outer_trainers.evaluation import (best_runs, compare_optimizers, format_comparison, lr_grid, make_task_trainer,
                                        protocol, run_settings)
-from outer_trainers.learner import (GradientLearner, LearnerState, MetaEvaluator, OuterTrainState, chained,
-                                    init_outer_state, outer_step, outer_train, resample_estimators)
+from outer_trainers.learner import (GradientLearner, LearnerState, MetaEvaluator, OuterTrainState, ValidationSelector,
+                                    chained, init_outer_state, outer_step, outer_train, resample_estimators)
 from outer_trainers.runs import (CheckpointManager, CheckpointPolicy, ExistingRunError, MetaTrainingDiverged,
                                  Reporter, RunCheckpoints, RunTotals, UnreadableCheckpointsError, theta_from_checkpoint)
 from outer_trainers.steps import (ConstantTruncationSchedule, LOptInnerState, LOptTruncatedStep,
@@ -39,7 +39,7 @@ __all__ = [
     "ExistingRunError", "UnreadableCheckpointsError",
     "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP", "ShardedTruncatedPES",
-    "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "train_model", "TrainState", "TrainResult",
-    "train_loop", "run_to_end", "Evaluation", "Evaluator", "chained", "use_all_cpu_cores",
+    "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "ValidationSelector", "train_model", "TrainState",
+    "TrainResult", "train_loop", "run_to_end", "Evaluation", "Evaluator", "chained", "use_all_cpu_cores",
     "estimator_on_family", "ray_outer_train", "pbt_outer_train", "pbt_reports",
 ]

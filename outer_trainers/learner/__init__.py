@@ -2,8 +2,10 @@
 
 `gradient_learner` (`GradientLearner`: average estimates, drop non-finite ones, outer update),
 `outer_optimizers` (optax chains for theta), `outer_train` (the local meta-training loop),
-`meta_eval` (periodic meta-evaluation of theta on held-out tasks), `run_records` (what a run
-records about itself for resume checks and metric labels).
+`meta_eval` (periodic meta-evaluation of theta on held-out tasks), `validation_selection`
+(`ValidationSelector`: theta scored on validation tasks against a tuned baseline, for choosing the
+run's best theta), `theta_best` (that best theta's files, theta_best.msgpack and its record),
+`run_records` (what a run records about itself for resume checks and metric labels).
 
 Two modules sit above the loop and are not re-exported (they use the whole package, Ray
 meta-training and the evaluation included): `meta_training_run` (one run in an output directory,
@@ -16,6 +18,7 @@ from outer_trainers.learner.meta_eval import MetaEvaluator
 from outer_trainers.learner.outer_optimizers import chained
 from outer_trainers.learner.outer_train import (OuterTrainState, init_outer_state, outer_step, outer_train,
                                                 resample_estimators)
+from outer_trainers.learner.validation_selection import ValidationSelector
 
 __all__ = ["GradientLearner", "LearnerState", "MetaEvaluator", "chained", "OuterTrainState", "init_outer_state",
-           "outer_step", "outer_train", "resample_estimators"]
+           "outer_step", "outer_train", "resample_estimators", "ValidationSelector"]

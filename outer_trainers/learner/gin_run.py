@@ -30,19 +30,22 @@ from lopt.base import LearnedOptimizer
 from outer_trainers import gin_registry  # noqa: F401  (registers the public API with gin)
 from outer_trainers.distributed.cluster import ray_connection
 from outer_trainers.learner.meta_training_run import (build_run, check_output_dir, check_run_arguments,
-                                                      compare_with_adam, make_meta_evaluator, meta_train_locally,
-                                                      meta_train_on_ray, prepare_output_dir, worker_copies)
+                                                      compare_with_adam, make_meta_evaluator, make_validation_selector,
+                                                      meta_train_locally, meta_train_on_ray, prepare_output_dir,
+                                                      worker_copies)
 from outer_trainers.learner.run_records import run_metadata
+from outer_trainers.learner.theta_best import best_score_on_disk
 from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED
 from outer_trainers.steps.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
 
 # Bindings left out of the config a resume compares (logging, evaluation, saving, workers; and the length, which
-# the checkpoints record as num_steps, changed only with train.extend): every other binding must match.
+# the checkpoints record as num_steps, changed only with train.extend): every other binding must match. (Validation
+# settings that differ from those theta_best.json was selected with are refused by the run itself.)
 RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.progress", "train.log_every",
                "train.tensorboard", "train.resume", "train.overwrite", "train.extend", "train.eval_",
                "train.meta_eval_", "train.checkpoint", "train.keep_", "train.permanent_", "train.best_", "train.num_workers",
-               "train.max_staleness", "train.num_estimates_per_step")
+               "train.max_staleness", "train.num_estimates_per_step", "train.validation_")
 # the arguments of `train` that describe the run's learner and estimators (what `GinRun` rebuilds on a worker)
 RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split", "theta_ema")
 
@@ -135,6 +138,10 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
           best_metric: Optional[str] = "eval/final_loss", best_mode: str = "min", keep_best: int = 1,
           meta_eval_every: int = 0, meta_eval_tasks: Optional[Sequence[Any]] = None, meta_eval_num_tasks: int = 4,
           meta_eval_num_steps: int = 100, meta_eval_seed: int = 12345,
+          validation_every: int = 0, validation_suite: Optional[str] = None,
+          validation_tasks: Optional[Sequence[Any]] = None, validation_num_steps: Optional[int] = None,
+          validation_num_seeds: Optional[int] = None, validation_baseline: str = "adam",
+          validation_lrs: Optional[Sequence[float]] = None, validation_max_extensions: int = 4,
           num_workers: int = 0, max_staleness: int = 0, num_estimates_per_step: Optional[int] = None,
           ray_address: Optional[str] = None,
           config: Optional[dict] = None, config_text: Optional[str] = None) -> ot.OuterTrainState:
@@ -145,7 +152,8 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     `output_dir` (nothing is written before), connects to Ray when meta-training on workers,
     writes `config_text` to config.gin, meta-trains (in this process, or on `num_workers` Ray
     workers that rebuild the run from its gin config), checkpointing and resuming in `output_dir`
-    and meta-evaluating every `meta_eval_every` steps, and, when `eval_num_tasks` > 0, prints and
+    and meta-evaluating every `meta_eval_every` steps (validating every `validation_every` steps, keeping
+    theta_best), and, when `eval_num_tasks` > 0, prints and
     writes comparison.md: `compare_optimizers` on held-out tasks.
 
     Args:
@@ -193,6 +201,19 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       meta_eval_num_tasks: tasks drawn per meta-evaluated family.
       meta_eval_num_steps: inner steps of each meta-evaluation run.
       meta_eval_seed: the seed of the meta-evaluation task draws.
+      validation_every: outer steps between validations of the run's result theta (0: none); each scores it
+        on the validation tasks against the tuned baseline (`outer_trainers.ValidationSelector`, its
+        baseline cached in `output_dir`/validation_baseline.json), logs the "valid/" metrics and writes
+        theta_best.msgpack and theta_best.json when the score improves. Local runs only (refused with
+        `num_workers` > 0). To keep "best" checkpoints by it too: `best_metric = "valid/score"`, `best_mode = "max"`.
+      validation_suite: the validation tasks as a `tasks.suites` name (e.g. "smoke", "validation-cpu").
+      validation_tasks: Tasks or TaskFamilies to validate on instead of a suite.
+      validation_num_steps: inner steps of each validation run (None: a suite task's own budget; 100 for
+        `validation_tasks`).
+      validation_num_seeds: seeds per validation task (None: a suite task's own seeds; 3 for `validation_tasks`).
+      validation_baseline: the tuned baseline ("adam", "adamw", "muon" or "sgdm").
+      validation_lrs: its starting learning-rate grid, >= 7 rates (None: the protocol's default grid).
+      validation_max_extensions: the most extensions of that grid past an edge holding the best rate.
       num_workers: Ray worker actors (0: train in this process); see `outer_trainers.ray_outer_train`.
         With more workers than estimators the estimator list is repeated (`worker_copies`).
       max_staleness: with workers: the most updates an applied estimate's theta may lag behind (0 and
@@ -207,7 +228,8 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       the final `OuterTrainState`.
     """
     check_run_arguments(eval_num_tasks=eval_num_tasks, eval_num_steps=eval_num_steps, eval_adam_lrs=eval_adam_lrs,
-                        num_workers=num_workers, theta_ema=theta_ema)
+                        num_workers=num_workers, theta_ema=theta_ema, validation_every=validation_every,
+                        validation_suite=validation_suite, validation_tasks=validation_tasks)
     copies = worker_copies(num_workers, len(estimators))
     learner, ests = build_run(task_family=task_family, learned_opt=learned_opt, trunc_sched=trunc_sched,
                               estimators=estimators, outer_opt=outer_opt, meta_loss_split=meta_loss_split,
@@ -217,13 +239,21 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     if meta_eval_every > 0 and not on_ray:  # on Ray an evaluation actor builds its own (GinEvaluator)
         evaluator = make_meta_evaluator(learned_opt, task_family, meta_eval_tasks, num_tasks=meta_eval_num_tasks,
                                         num_steps=meta_eval_num_steps, seed=meta_eval_seed)
+    selector = None
+    if validation_every > 0:  # builds the tasks (loading their data) and checks the settings; trains nothing
+        selector = make_validation_selector(learned_opt, output_dir, suite=validation_suite, tasks=validation_tasks,
+                                            num_steps=validation_num_steps, num_seeds=validation_num_seeds,
+                                            baseline=validation_baseline, lrs=validation_lrs,
+                                            max_extensions=validation_max_extensions)
     policy = ot.CheckpointPolicy(every_steps=checkpoint_every_steps, every_seconds=checkpoint_every_seconds,
                                  keep=keep_checkpoints, checkpoints_at=tuple(checkpoints_at),
                                  permanent_every=permanent_checkpoint_every,
-                                 best_metric=best_metric if meta_eval_every > 0 else None,
+                                 best_metric=best_metric if meta_eval_every > 0 or validation_every > 0 else None,
                                  best_mode=best_mode, keep_best=keep_best)
     run, starts_new = check_output_dir(output_dir, policy, run_metadata(learner, ests, config), resume=resume,
                                        overwrite=overwrite, extend=extend, num_steps=num_steps)
+    if selector is not None and not (starts_new and overwrite):  # a record of other validation settings is
+        best_score_on_disk(output_dir, selector)                  # refused here, before config.gin is written
     loop_options = dict(output_dir=output_dir, seed=seed, progress=progress, log_every=log_every,
                         checkpoint_policy=policy, resume=resume, extend=extend, tensorboard=tensorboard,
                         config=config, max_consecutive_dropped=max_consecutive_dropped)
@@ -240,7 +270,8 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
                                       ray_address=ray_address, **loop_options)
         else:
             state = meta_train_locally(learner, ests, num_steps, weights=estimator_weights, meta_evaluator=evaluator,
-                                       eval_every=meta_eval_every, **loop_options)
+                                       eval_every=meta_eval_every, validation=selector,
+                                       validation_every=validation_every, **loop_options)
         if eval_num_tasks > 0:
             compare_with_adam(task_family, learned_opt, state.final_theta, output_dir, num_tasks=eval_num_tasks,
                               num_steps=eval_num_steps, adam_lrs=eval_adam_lrs, seed=seed)

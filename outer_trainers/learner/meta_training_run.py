@@ -2,12 +2,13 @@
 
     check_run_arguments(eval_num_tasks=..., eval_num_steps=..., eval_adam_lrs=..., num_workers=...)
     learner, estimators = build_run(task_family=..., ..., copies=worker_copies(num_workers, n))
+    selector = make_validation_selector(learned_opt, output_dir, suite=..., tasks=..., ...)   # local runs only
     run, starts_new = check_output_dir(output_dir, policy, run_metadata(learner, estimators, config),
                                        resume=resume, overwrite=overwrite, extend=extend,
                                        num_steps=num_steps)                      # reads, writes nothing
     with ray_connection(address):                       # only with Ray workers: fails fast, writes nothing
         prepare_output_dir(run, starts_new=starts_new, overwrite=overwrite, config_text=text)
-        state = meta_train_locally(learner, estimators, num_steps, ...)   # or meta_train_on_ray(make_run, ...)
+        state = meta_train_locally(learner, estimators, num_steps, validation=selector, ...)   # or meta_train_on_ray
         compare_with_adam(task_family, learned_opt, state.theta, output_dir, ...)
 
 The output-directory policy: a directory holds one run. `check_output_dir` decides, without
@@ -36,8 +37,10 @@ import optax
 import outer_trainers as ot
 from lopt.base import LearnedOptimizer
 from lopt.file_io import atomic_write_bytes
+from outer_trainers.learner.validation_selection import VALIDATION_CACHE
 from outer_trainers.runs.run_checkpoints import RUN_RESULTS, RunCheckpoints
 from outer_trainers.steps.truncation_schedule import TruncationSchedule
+from tasks import suites
 from tasks.base import TaskFamily
 
 CONFIG_FILE, COMPARISON_FILE = "config.gin", "comparison.md"
@@ -46,7 +49,9 @@ COMPARISON_SEED_OFFSET = 10_000  # the comparison's key is the run's seed + this
 
 
 def check_run_arguments(*, eval_num_tasks: int, eval_num_steps: int, eval_adam_lrs: Sequence[float],
-                        num_workers: int, theta_ema: Optional[float] = None) -> None:
+                        num_workers: int, theta_ema: Optional[float] = None, validation_every: int = 0,
+                        validation_suite: Optional[str] = None,
+                        validation_tasks: Optional[Sequence[Any]] = None) -> None:
     """Refuses settings of a run that could only fail after meta-training, before anything is built.
 
     Args:
@@ -55,10 +60,15 @@ def check_run_arguments(*, eval_num_tasks: int, eval_num_steps: int, eval_adam_l
       eval_adam_lrs: Adam's learning-rate grid in the comparison.
       num_workers: Ray worker actors (0: meta-train in this process).
       theta_ema: the decay of the moving average of theta (None: none); local runs only.
+      validation_every: outer steps between validations of theta (0: none); local runs only.
+      validation_suite: the suite of the validation tasks (a `tasks.suites` name), or None.
+      validation_tasks: Tasks or TaskFamilies to validate on instead of a suite, or None.
 
     Raises:
       ValueError: a negative `eval_num_tasks` or `num_workers`, a comparison without inner steps
-        or learning rates, or `theta_ema` with Ray workers; the message names the `train.` binding to change.
+        or learning rates, `theta_ema` or validation with Ray workers, validation without its tasks
+        (or with a suite and tasks, or an unknown suite) or validation tasks without `validation_every`;
+        the message names the `train.` binding to change.
     """
     if eval_num_tasks < 0:
         raise ValueError(f"train.eval_num_tasks must be >= 0 (0: no comparison with Adam), got {eval_num_tasks}")
@@ -72,6 +82,28 @@ def check_run_arguments(*, eval_num_tasks: int, eval_num_steps: int, eval_adam_l
         raise ValueError(f"train.theta_ema = {theta_ema} (averaging theta) is supported by local meta-training only, "
                          f"not with Ray workers (train.num_workers = {num_workers}); set train.num_workers = 0, or "
                          f"remove train.theta_ema")
+    _check_validation(validation_every, validation_suite, validation_tasks, num_workers)
+
+
+def _check_validation(every: int, suite: Optional[str], tasks: Optional[Sequence[Any]], num_workers: int) -> None:
+    """`check_run_arguments`' checks of the validation selection's bindings."""
+    given = "train.validation_suite" if suite is not None else "train.validation_tasks" if tasks else None
+    if every < 0:
+        raise ValueError(f"train.validation_every must be >= 0 (0: no validation selection), got {every}")
+    if every > 0 and given is None:
+        raise ValueError(f"train.validation_every = {every} needs validation tasks: set train.validation_suite (one "
+                         f"of {suites.names()}, e.g. 'smoke') or train.validation_tasks")
+    if given is not None and every == 0:
+        raise ValueError(f"{given} is set but train.validation_every = 0, so theta would never be validated; set "
+                         f"train.validation_every (outer steps between validations), or remove {given}")
+    if suite is not None and tasks:
+        raise ValueError("set train.validation_suite or train.validation_tasks, not both")
+    if suite is not None and suite not in suites.names():
+        raise ValueError(f"train.validation_suite = {suite!r} is not a suite; the suites are {suites.names()}")
+    if every > 0 and num_workers > 0:
+        raise ValueError(f"train.validation_every = {every} (selecting theta_best on validation tasks) is supported by "
+                         f"local meta-training only, not with Ray workers (train.num_workers = {num_workers}); set "
+                         f"train.num_workers = 0, or train.validation_every = 0")
 
 
 def worker_copies(num_workers: int, num_estimators: int) -> int:
@@ -131,6 +163,30 @@ def make_meta_evaluator(learned_opt: LearnedOptimizer, task_family: TaskFamily, 
     """
     return ot.MetaEvaluator(learned_opt, list(tasks or [task_family]), num_tasks=num_tasks, num_steps=num_steps,
                             seed=seed)
+
+
+def make_validation_selector(learned_opt: LearnedOptimizer, output_dir: str, *, suite: Optional[str],
+                             tasks: Optional[Sequence[Any]], **options: Any) -> ot.ValidationSelector:
+    """The run's validation selection: `learned_opt` scored on a suite or on tasks, its baseline cached in `output_dir`.
+
+    Args:
+      learned_opt: the learned optimizer meta-trained.
+      output_dir: the run's directory (the baseline's cache is `output_dir`/validation_baseline.json).
+      suite: a `tasks.suites` name, or None (then `tasks`).
+      tasks: Tasks or TaskFamilies (used without a suite).
+      **options: the other arguments of `ValidationSelector` (num_steps, num_seeds, baseline, lrs, max_extensions).
+
+    Returns:
+      the ValidationSelector (nothing trained yet).
+
+    Raises:
+      ValueError, TypeError: a bad setting, the message naming the `train.validation_` bindings.
+    """
+    try:
+        return ot.ValidationSelector(learned_opt, suite if suite is not None else list(tasks),
+                                     cache_path=os.path.join(output_dir, VALIDATION_CACHE), **options)
+    except (ValueError, TypeError) as e:
+        raise type(e)(f"{e} (set by the train.validation_* bindings)") from None
 
 
 def check_output_dir(output_dir: str, policy: ot.CheckpointPolicy, metadata: dict, *, resume: bool,
@@ -195,7 +251,8 @@ def meta_train_locally(learner: ot.GradientLearner, estimators: Sequence[ot.Grad
       meta_evaluator: the periodic meta-evaluation (None: none).
       eval_every: outer steps between meta-evaluations (0: none).
       **loop_options: the other options of `outer_train` (output_dir, seed, progress, log_every,
-        checkpoint_policy, resume, extend, tensorboard, config, max_consecutive_dropped, ...).
+        checkpoint_policy, resume, extend, tensorboard, config, max_consecutive_dropped, validation,
+        validation_every, ...).
 
     Returns:
       the final OuterTrainState.

@@ -15,6 +15,9 @@ With `output_dir`:
     theta_final.msgpack  the final theta (load it with `lopt.load_theta`): `OuterTrainState.final_theta`,
                          the moving average of theta when the learner keeps one (`GradientLearner(theta_ema=...)`)
     theta_last.msgpack   with averaging only: the last theta itself
+    theta_best.msgpack   with `validation`: the best-scoring theta on the validation tasks so far, and
+    theta_best.json      its record (step, metrics, validation settings, baseline cache key; see
+                         `learner.validation_selection`); validation_baseline.json caches the tuned baseline
 
 Re-running with the same `output_dir` resumes from the newest readable checkpoint and trains
 until `num_steps` outer steps in total; the result is bit-identical to an uninterrupted run.
@@ -61,6 +64,9 @@ from outer_trainers.validation import check_int, check_optional_int, check_weigh
 from outer_trainers.learner.gradient_learner import GradientLearner, LearnerState
 from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED, Reporter, RunTotals
 from outer_trainers.learner.run_records import estimator_labels, run_metadata
+from outer_trainers.learner.theta_best import best_score_on_disk, save_theta_best
+from outer_trainers.learner.validation_selection import (BEST_SCORE, SCORE, VALIDATION_CACHE, ValidationSelector,
+                                                         improves)
 from outer_trainers.runs.run_checkpoints import THETA_FINAL, THETA_LAST, RunCheckpoints
 
 
@@ -165,16 +171,32 @@ def resample_estimators(schedule: EstimatorSchedule, state: OuterTrainState,
 
 def _check_arguments(num_steps: int, log_every: int, policy: Optional[CheckpointPolicy],
                      meta_evaluator: Optional[Callable], eval_every: int, weights: Optional[Sequence[float]],
-                     num_estimators: Optional[int], max_consecutive_dropped: Optional[int]) -> None:
+                     num_estimators: Optional[int], max_consecutive_dropped: Optional[int],
+                     learner: GradientLearner, validation: Optional[ValidationSelector], validation_every: int) -> None:
     """Refuses bad arguments before anything is restored, written or run."""
     check_int("num_steps", num_steps, minimum=0)
     check_int("log_every", log_every, minimum=1)
     check_int("eval_every", eval_every, minimum=0)
+    check_int("validation_every", validation_every, minimum=0)
     check_optional_int("max_consecutive_dropped", max_consecutive_dropped, minimum=1)
     check_weights(weights, num_estimators)  # an EstimatorSchedule's count (None) is checked at each update
-    if policy is not None and policy.best_metric and not (meta_evaluator and eval_every):
-        warnings.warn(f"best_metric={policy.best_metric!r} needs meta_evaluator and eval_every > 0; "
-                      f"no best checkpoints will be written")
+    if validation_every and validation is None:
+        raise ValueError(f"validation_every={validation_every} needs a validation selector: pass "
+                         f"validation=ValidationSelector(learned_opt, suite or tasks, ...), or validation_every=0")
+    if validation is not None:
+        if not isinstance(validation, ValidationSelector):
+            raise TypeError(f"validation must be a ValidationSelector, got {type(validation).__name__}")
+        if not validation_every:
+            raise ValueError("validation was given but validation_every=0, so it would never run; pass "
+                             "validation_every >= 1 (outer steps between validations), or validation=None")
+        lo, mine = validation.learned_opt, learner.learned_opt
+        if type(lo) is not type(mine) or lo.config() != mine.config():
+            raise ValueError(f"validation scores a {type(lo).__name__} {lo.config()}, but the learner meta-trains a "
+                             f"{type(mine).__name__} {mine.config()}; build the ValidationSelector with the "
+                             f"learner's learned optimizer")
+    if policy is not None and policy.best_metric and not (meta_evaluator and eval_every) and validation is None:
+        warnings.warn(f"best_metric={policy.best_metric!r} needs meta_evaluator and eval_every > 0 (or validation "
+                      f"and validation_every > 0 for a 'valid/' metric); no best checkpoints will be written")
 
 
 def _restore_or_init(run: RunCheckpoints, learner: GradientLearner,
@@ -196,7 +218,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
                 meta_evaluator: Optional[Callable[[Any], dict]] = None, eval_every: int = 0,
                 tensorboard: bool = True, config: Optional[dict] = None,
                 max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
-                extend: bool = False) -> OuterTrainState:
+                extend: bool = False, validation: Optional[ValidationSelector] = None,
+                validation_every: int = 0) -> OuterTrainState:
     """Meta-trains theta and returns the final OuterTrainState (`.theta`).
 
     Args:
@@ -217,8 +240,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         resume: with `output_dir`, continue from its newest readable checkpoint (which must match this run);
             when every checkpoint there is unreadable the run refuses to start, naming the files.
         overwrite: with `output_dir`, start a new run even where it holds a previous run's results, deleting
-            them (metrics.jsonl, tb/, checkpoints/, theta_final.msgpack) first; otherwise a new run there is
-            refused.
+            them (metrics.jsonl, tb/, checkpoints/, the theta files: `runs.run_checkpoints.RUN_RESULTS`) first;
+            otherwise a new run there is refused.
         meta_evaluator: `meta_evaluator(theta) -> {name: float}` (e.g. a MetaEvaluator) of `state.final_theta` (the
             moving average of theta when the learner keeps one); its metrics join
             the step's log and feed "best" checkpoints (`checkpoint_policy.best_metric`).
@@ -232,6 +255,13 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
             interrupted) to `num_steps`, which must be at least the steps it has taken (fewer is refused,
             changing nothing on disk), and let the horizon bindings of a gin `config` change with the length
             (`runs.run_extension`). What continues and how: the module docstring.
+        validation: a `ValidationSelector`: every `validation_every` steps it scores `state.final_theta` on its
+            validation tasks against its tuned baseline (cached in `output_dir`/validation_baseline.json unless
+            it names its own `cache_path`); the "valid/" metrics join the step's log (with "valid/best_score"),
+            and a score that beats the best so far writes theta_best.msgpack and theta_best.json (before the
+            step's checkpoint). The best so far is re-read from theta_best.json on resume, so it is never
+            replaced by a worse theta (see `learner.validation_selection` and `learner.theta_best`).
+        validation_every: outer steps between validations (0: none; needs `validation`).
 
     Returns:
         The OuterTrainState after the last step.
@@ -246,7 +276,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
                          "resume (num_steps already counts more steps)")
     fixed = None if isinstance(estimators, EstimatorSchedule) else list(estimators)
     _check_arguments(num_steps, log_every, checkpoint_policy, meta_evaluator, eval_every, weights,
-                     None if fixed is None else len(fixed), max_consecutive_dropped)
+                     None if fixed is None else len(fixed), max_consecutive_dropped, learner, validation,
+                     validation_every)
     if fixed is None:
         schedule, estimators_of_state = estimators, estimators.estimators_of_state
         meta = run_metadata(learner, [repr(schedule)], config)
@@ -259,6 +290,10 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
     target = num_steps if state is None else state.step + num_steps
     run = RunCheckpoints(output_dir, checkpoint_policy, dict(meta, num_steps=target), fixed_length=False)
 
+    cache = None if validation is None else validation.cache_path or (
+        os.path.join(output_dir, VALIDATION_CACHE) if output_dir is not None else None)
+    # the record is read before a resume (an overwritten run's is deleted, so it is not read then)
+    best = None if validation is None or (overwrite and state is None) else best_score_on_disk(output_dir, validation)
     if state is None:
         state, totals = _restore_or_init(run, learner, estimators_of_state, seed, resume, overwrite, extend)
         if state.step > target:  # a checkpoint that records no length (written before runs recorded it)
@@ -274,9 +309,18 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
             if schedule is not None and schedule.resamples_at(i):
                 estimators, state = resample_estimators(schedule, state, i)
             state, metrics = outer_step(learner, estimators, state, i, weights)
+            valid, improved = None, False
+            if validation is not None and (i + 1) % validation_every == 0:
+                valid = validation(state.final_theta, cache_path=cache)
+                improved = improves(valid[SCORE], best)
+                best = valid[SCORE] if improved else best
+                valid.update({} if best is None else {BEST_SCORE: best})
             logged = reporter.report(i + 1, metrics, labels=estimator_labels(estimators),
                                      inner_steps=sum(e.inner_steps_per_estimate for e in estimators),
-                                     theta=state.final_theta)
+                                     theta=state.final_theta, extra=valid)
+            if improved and output_dir is not None:  # before the checkpoint: a resume re-reaches every saved best
+                save_theta_best(output_dir, learner.learned_opt, state.final_theta, step=i + 1, metrics=valid,
+                                selector=validation, averaged=state.learner_state.theta_avg is not None)
             run.save(i + 1, state, reporter.totals(), logged, final=i + 1 == target)
             if logged is not None and callback is not None:
                 callback(i + 1, state, logged)
