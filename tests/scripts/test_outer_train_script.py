@@ -34,7 +34,7 @@ def test_quickstart_runs_with_overridden_steps(tmp_path):
     lines = metrics_lines(out)
     assert [l["step"] for l in lines] == [1, 2, 3]
     lo, theta = lopt.load_learned_optimizer(str(out / "theta_final.msgpack"))
-    assert isinstance(lo, lopt.MLPLOpt)
+    assert isinstance(lo, lopt.NormMLPLOpt) and lo.schedule == "cosine" and lo.relative_step
     # the quickstart averages theta (train.theta_ema): theta_final is the average, theta_last the last theta
     assert "train.theta_ema = 0.99" in (out / "config.gin").read_text()
     _, last = lopt.load_learned_optimizer(str(out / "theta_last.msgpack"))
