@@ -12,7 +12,8 @@ and F = K + 5 features per parameter:
 
 where m_0.9 is the momentum whose decay is closest to 0.9 (`momentum_index`) and ε =
 `features.EPS`. Each architecture normalises every feature by its root-mean-square over the
-tensor; `feature_sum_squares` gives the sums of squares that RMS is taken from.
+tensor; `feature_sum_squares` gives the sums of squares that RMS is taken from, and
+`normalized_feature_mlp` runs a small per-parameter MLP on the normalized features.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from lopt import features as ft
+from lopt.nn import elementwise_mlp
 
 
 def init_accumulators(params: Any, num_decays: int) -> tuple[Any, Any]:
@@ -117,3 +119,38 @@ def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, 
         return jnp.concatenate([one(g_), one(p_), jnp.sum(jnp.square(m_), axis=1), one(jnp.sqrt(v_)),
                                 one(g_ * rsqrt_v), one(m_[mom_idx] * rsqrt_v)])
     return ft.blockwise_sum(block, g.shape[-1]) if blocks else block(0, g.shape[-1])
+
+
+def normalized_feature_mlp(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int,
+                           first: tuple[jax.Array, jax.Array], rest: Sequence[tuple[jax.Array, jax.Array]],
+                           block: int) -> jax.Array:
+    """A per-parameter ReLU MLP on a flat tensor's features, each divided by its RMS over the tensor.
+
+    MLP(x / rms(x)) with x the F = K + 5 features of `leaf_features`. The normalisation is folded
+    into the first layer's weights, (x / rms) W₁ = x (W₁ / rms), and the MLP runs as unrolled
+    multiply-adds (`nn.elementwise_mlp`) over blocks of at most `block` elements written in place
+    (`features.blockwise_map`), so no temporary bigger than a block's features exists.
+
+    Args:
+      g: the gradient, float32 [n].
+      p: the parameter, float32 [n].
+      m: the momenta, float32 [K, n].
+      v: the second moment, float32 [n].
+      mom_idx: the index of m_0.9 (`momentum_index`).
+      first: (W₁ [F, H], b₁ [H]), the first layer (b₁ may carry per-tensor terms, e.g. a step embedding).
+      rest: [(W [in, out], b [out]), ...], the later layers, ReLU between them; the last has one output.
+      block: elements per block.
+
+    Returns:
+      float32 [n]: the MLP's output per element.
+    """
+    n = g.shape[0]
+    rms_inv = jax.lax.rsqrt(feature_sum_squares(g, p, m, v, mom_idx) / n + ft.EPS)
+    layers = [(first[0] * rms_inv[:, None], first[1])] + list(rest)
+    c = min(block, n)
+
+    def one(start):
+        sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)
+        return elementwise_mlp(leaf_features(sl(g), sl(p), sl(m), sl(v), mom_idx), layers)[0][None]
+
+    return ft.blockwise_map(one, n, c, 1, like=g)[0]

@@ -10,6 +10,9 @@
 - `per_param_mlp_init` / `shared_bias`: theta of the per-parameter MLP of MLPLOpt and
   AdafacMLPLOpt, whose first layer is split by input kind so that the inputs that are constant
   over a tensor (step embedding, progress) become one bias per tensor.
+- `step_size_head_init` / `bounded_step_sizes`: a one-hidden-layer MLP from tensor-independent
+  context (step embedding, progress, loss features) to step sizes bounded around a base,
+  η = base · exp(range · tanh(s)) (NormMLPLOpt, Celo2LOpt).
 - `logit`: the inverse of the sigmoid, for decays learned as β = σ(θ_β).
 """
 from __future__ import annotations
@@ -173,3 +176,36 @@ def shared_bias(layer: dict, iteration: jax.Array, timescales: Sequence[float], 
 def logit(p: float) -> float:
     """log(p / (1 − p)), the inverse of the sigmoid: the unconstrained value of a learned β = σ(θ)."""
     return math.log(p) - math.log1p(-p)
+
+
+def step_size_head_init(key: jax.Array, num_context: int, hidden: int, num_outputs: int) -> dict:
+    """Theta of `bounded_step_sizes`: a ReLU hidden layer and a zero output layer (so η = base at init).
+
+    Args:
+      key: PRNG key of the hidden layer.
+      num_context: C, the context's length.
+      hidden: L, the hidden width.
+      num_outputs: the number of step sizes.
+
+    Returns:
+      {"hidden": {"w" [C, L], "b" [L]}, "output": {"w" [L, num_outputs] = 0, "b" [num_outputs] = 0}}.
+    """
+    return {"hidden": dense_init(key, num_context, hidden),
+            "output": {"w": jnp.zeros((hidden, num_outputs), jnp.float32), "b": jnp.zeros((num_outputs,), jnp.float32)}}
+
+
+def bounded_step_sizes(head: dict, context: jax.Array, base: Any, log_range: float) -> jax.Array:
+    """Learned step sizes bounded around `base`: η = base · exp(log_range · tanh(s)), s = MLP(context).
+
+    Args:
+      head: theta of `step_size_head_init`.
+      context: float32 [C].
+      base: the step sizes at s = 0 (a float, or float32 [num_outputs]).
+      log_range: the bound of log(η / base) (> 0).
+
+    Returns:
+      float32 [num_outputs], each in [base · e^−log_range, base · e^log_range].
+    """
+    h = jax.nn.relu(context @ head["hidden"]["w"] + head["hidden"]["b"])
+    s = h @ head["output"]["w"] + head["output"]["b"]
+    return base * jnp.exp(log_range * jnp.tanh(s))

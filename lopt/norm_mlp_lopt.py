@@ -76,8 +76,9 @@ import optax
 from lopt import features as ft
 from lopt import param_roles
 from lopt.base import LearnedOptimizer, added_option
-from lopt.moment_features import accumulate, feature_sum_squares, leaf_features, momentum_index
-from lopt.nn import dense_init, elementwise_mlp
+from lopt.moment_features import accumulate, momentum_index, normalized_feature_mlp
+from lopt.nn import bounded_step_sizes, dense_init, step_size_head_init
+from lopt.overshoot_brake import check_options as check_overshoot_options
 from lopt.overshoot_brake import overshoot_brake
 
 DECAYS = (0.5, 0.9, 0.99, 0.999)
@@ -197,9 +198,7 @@ class NormMLPLOpt(LearnedOptimizer):
             raise ValueError(f"fan_in_ref must be >= 0 (0: off), got {self.fan_in_ref}")
         if self.fan_in_ref > 0 and not self.relative_step:
             raise ValueError("fan_in_ref scales the relative step: it needs relative_step=True")
-        if not (self.overshoot_gain >= 0 and 0 <= self.overshoot_threshold < 1):
-            raise ValueError(f"overshoot_gain must be >= 0 (0: off) and overshoot_threshold in [0, 1), got "
-                             f"{self.overshoot_gain}, {self.overshoot_threshold}")
+        check_overshoot_options(self.overshoot_gain, self.overshoot_threshold)
 
     @property
     def _mom_idx(self) -> int:
@@ -233,9 +232,7 @@ class NormMLPLOpt(LearnedOptimizer):
             mlp[f"hidden_{i}"] = dense_init(k, self.hidden_size, self.hidden_size)
         out = dense_init(k_out, self.hidden_size, 1)
         mlp["output"] = {"w": out["w"] * self.residual_init, "b": out["b"]}
-        lr = {"hidden": dense_init(k_lr, self.num_context, self.lr_hidden_size),
-              "output": {"w": jnp.zeros((self.lr_hidden_size, 2), jnp.float32), "b": jnp.zeros((2,), jnp.float32)}}
-        return {"mlp": mlp, "lr": lr}
+        return {"mlp": mlp, "lr": step_size_head_init(k_lr, self.num_context, self.lr_hidden_size, 2)}
 
     def step_sizes(self, theta: dict, iteration: jax.Array, num_steps: Optional[Any], loss_feats: jax.Array):
         """The learned step sizes (η_matrix, η_vector) at step t.
@@ -251,9 +248,7 @@ class NormMLPLOpt(LearnedOptimizer):
         """
         progress = ft.progress_features(iteration, num_steps if self.use_num_steps else None)
         z = jnp.concatenate([ft.step_embedding(iteration, self.timescales), progress, loss_feats])
-        h = jax.nn.relu(z @ theta["lr"]["hidden"]["w"] + theta["lr"]["hidden"]["b"])
-        s = h @ theta["lr"]["output"]["w"] + theta["lr"]["output"]["b"]
-        return self.base_lr * jnp.exp(self.log_lr_range * jnp.tanh(s))
+        return bounded_step_sizes(theta["lr"], z, self.base_lr, self.log_lr_range)
 
     def step_scale(self, p: jax.Array, role=None) -> jax.Array:
         """ρ(p) of a tensor at init, with `relative_step`: max(rms(p), relative_floor) for a matrix
@@ -330,25 +325,13 @@ class NormMLPLOpt(LearnedOptimizer):
             scales = jax.tree_util.tree_map(self.step_scale, params, roles_of(params))
             return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(), scales)
 
+        later_layers = [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
+        later_layers.append((mlp["output"]["w"], mlp["output"]["b"]))
+
         def residual(g32: jax.Array, p32: jax.Array, m: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:
-            """The learned residual r [n] of one tensor (g, p, v [n], m [K, n]).
-
-            Each feature's RMS normalisation is folded into the first layer's weights,
-            (f / rms_f) @ W1 = f @ (W1 / rms_f), and the MLP runs as unrolled multiply-adds
-            (`nn.elementwise_mlp`) over blocks of at most `BLOCK` elements written in place
-            (`features.blockwise_map`), so no temporary bigger than a block's features exists."""
-            n = g32.shape[0]
-            rms_inv = jax.lax.rsqrt(feature_sum_squares(g32, p32, m, v, self._mom_idx) / n + ft.EPS)
-            layers = [(mlp["input"]["w"] * rms_inv[:, None], bias)]
-            layers += [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
-            layers.append((mlp["output"]["w"], mlp["output"]["b"]))
-            c = min(BLOCK, n)
-
-            def block(start):
-                sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)
-                return elementwise_mlp(leaf_features(sl(g32), sl(p32), sl(m), sl(v), self._mom_idx), layers)[0][None]
-
-            return ft.blockwise_map(block, n, c, 1, like=g32)[0]
+            """The learned residual r [n] of one tensor (g, p, v [n], m [K, n]), its first-layer bias
+            carrying the step embedding (`moment_features.normalized_feature_mlp`)."""
+            return normalized_feature_mlp(g32, p32, m, v, self._mom_idx, (mlp["input"]["w"], bias), later_layers, BLOCK)
 
         def update_leaf(g, p, m, v, scale, role, t, bias, lrs):
             shape, k = jnp.shape(p), len(self.decays)

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["OvershootBrakeState", "overshoot_brake", "brake_step", "FLOOR"]
+__all__ = ["OvershootBrakeState", "overshoot_brake", "brake_step", "check_options", "FLOOR"]
 
 FLOOR = 0.01
 
@@ -70,6 +70,17 @@ def brake_step(log_brake: jax.Array, grads: list, prev_steps: list, gain: float,
     dd = sum((jnp.vdot(d, d) for d in prev_steps), zero)
     cos = jnp.where(dd > 0, dot * jax.lax.rsqrt(jnp.maximum(gg * dd, 1e-37)), 0.0)
     return jnp.clip(log_brake - gain * (cos - threshold), math.log(floor), 0.0)
+
+
+def check_options(gain: float, threshold: float) -> None:
+    """The check of an architecture's `overshoot_gain` / `overshoot_threshold` options (gain 0: no brake).
+
+    Raises:
+      ValueError: gain < 0 or threshold outside [0, 1), naming both options.
+    """
+    if not (gain >= 0 and 0 <= threshold < 1):
+        raise ValueError(f"overshoot_gain must be >= 0 (0: off) and overshoot_threshold in [0, 1), got "
+                         f"{gain}, {threshold}")
 
 
 def overshoot_brake(inner: optax.GradientTransformation, gain: float, threshold: float = 0.15,

@@ -57,9 +57,10 @@ import optax
 from lopt import features as ft
 from lopt import param_roles
 from lopt.base import LearnedOptimizer
-from lopt.moment_features import accumulate, feature_sum_squares, leaf_features, momentum_index
-from lopt.nn import dense_init, elementwise_mlp
+from lopt.moment_features import accumulate, momentum_index, normalized_feature_mlp
+from lopt.nn import bounded_step_sizes, dense_init, step_size_head_init
 from lopt.orthogonal.newton_schulz import orthogonalize, width_scale
+from lopt.overshoot_brake import check_options as check_overshoot_options
 from lopt.overshoot_brake import overshoot_brake
 
 DECAYS = (0.5, 0.95, 0.99)
@@ -147,9 +148,7 @@ class Celo2LOpt(LearnedOptimizer):
                              f"{self.adam_lr}, {self.log_lr_range}")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not (self.overshoot_gain >= 0 and 0 <= self.overshoot_threshold < 1):
-            raise ValueError(f"overshoot_gain must be >= 0 (0: off) and overshoot_threshold in [0, 1), got "
-                             f"{self.overshoot_gain}, {self.overshoot_threshold}")
+        check_overshoot_options(self.overshoot_gain, self.overshoot_threshold)
 
     @property
     def _mom_idx(self) -> int:
@@ -180,9 +179,7 @@ class Celo2LOpt(LearnedOptimizer):
             mlp[f"hidden_{i}"] = dense_init(k, self.hidden_size, self.hidden_size)
         out = dense_init(k_out, self.hidden_size, 1)
         mlp["output"] = {"w": out["w"] * self.residual_init, "b": out["b"]}
-        lr = {"hidden": dense_init(k_lr, self.num_context, self.lr_hidden_size),
-              "output": {"w": jnp.zeros((self.lr_hidden_size, 2), jnp.float32), "b": jnp.zeros((2,), jnp.float32)}}
-        return {"mlp": mlp, "lr": lr}
+        return {"mlp": mlp, "lr": step_size_head_init(k_lr, self.num_context, self.lr_hidden_size, 2)}
 
     def step_sizes(self, theta: dict, iteration: jax.Array, num_steps: Optional[Any], loss_feats: jax.Array):
         """The learned step sizes (η_matrix, η_adam) at step t.
@@ -198,10 +195,8 @@ class Celo2LOpt(LearnedOptimizer):
         """
         progress = ft.progress_features(iteration, num_steps if self.use_num_steps else None)
         z = jnp.concatenate([ft.step_embedding(iteration, self.timescales), progress, loss_feats])
-        h = jax.nn.relu(z @ theta["lr"]["hidden"]["w"] + theta["lr"]["hidden"]["b"])
-        s = h @ theta["lr"]["output"]["w"] + theta["lr"]["output"]["b"]
         base = jnp.asarray([self.matrix_lr, self.adam_lr], jnp.float32)
-        return base * jnp.exp(self.log_lr_range * jnp.tanh(s))
+        return bounded_step_sizes(theta["lr"], z, base, self.log_lr_range)
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False,
                weight_dimension_numbers: Any = None, strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
@@ -224,28 +219,15 @@ class Celo2LOpt(LearnedOptimizer):
         self.check_theta(theta, "Celo2LOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mlp, idx, beta = theta["mlp"], self._mom_idx, self.decays[self._mom_idx]
-        layers_after_input = [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
-        layers_after_input.append((mlp["output"]["w"], mlp["output"]["b"]))
+        first = (mlp["input"]["w"], mlp["input"]["b"])
+        later_layers = [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
+        later_layers.append((mlp["output"]["w"], mlp["output"]["b"]))
 
         def init_fn(params):
             k = len(self.decays)
             momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((k,) + jnp.shape(p), jnp.float32), params)
             return Celo2LOptState(momenta, jax.tree_util.tree_map(ft.zeros_like_f32, params),
                                   jnp.zeros((), jnp.int32), ft.init_loss_state())
-
-        def learned_direction(g32, p32, m, v):
-            """MLP(x) [n] of one flat tensor (g, p, v [n], m [K, n]); the features' RMS normalisation is
-            folded into the first layer's weights, and the MLP runs over blocks of `BLOCK` elements."""
-            n = g32.shape[0]
-            rms_inv = jax.lax.rsqrt(feature_sum_squares(g32, p32, m, v, idx) / n + ft.EPS)
-            layers = [(mlp["input"]["w"] * rms_inv[:, None], mlp["input"]["b"])] + layers_after_input
-            c = min(BLOCK, n)
-
-            def block(start):
-                sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)
-                return elementwise_mlp(leaf_features(sl(g32), sl(p32), sl(m), sl(v), idx), layers)[0][None]
-
-            return ft.blockwise_map(block, n, c, 1, like=g32)[0]
 
         def update_leaf(g, p, m, v, role, t, lrs):
             shape, k = jnp.shape(p), len(self.decays)
@@ -258,7 +240,8 @@ class Celo2LOpt(LearnedOptimizer):
             nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
             if is_orthogonalized(role, shape):
                 u = (nesterov / (_rms(nesterov) + 1e-8)).reshape(-1)
-                u = u + learned_direction(g32.reshape(-1), p32.reshape(-1), m.reshape(k, n), v.reshape(-1))
+                u = u + normalized_feature_mlp(g32.reshape(-1), p32.reshape(-1), m.reshape(k, n), v.reshape(-1), idx,
+                                               first, later_layers, BLOCK)
                 step = lrs[0] * (width_scale(shape, role) * orthogonalize(u.reshape(shape), role)
                                  + self.weight_decay * p32)
             else:
