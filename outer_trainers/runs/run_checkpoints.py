@@ -76,15 +76,19 @@ def config_history(output_dir: Optional[str], checkpoint_dir: Optional[str] = No
     return list(found[1]["meta"].get(HISTORY_KEY, [])) if found is not None else []
 
 
-def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
+def theta_from_checkpoint(path: str, which: str = "result") -> tuple[lopt.LearnedOptimizer, Any]:
     """The learned optimizer and theta stored in one of `outer_train`'s checkpoint files.
 
     For evaluating a run's intermediate checkpoints (`scripts/evaluate.py --optimizer
     RUN/checkpoints/ckpt_00001000.msgpack`) or saving one with `lopt.save_theta`. The checksum is
-    verified first (`checkpoint_files.read`).
+    verified first (`checkpoint_files.read`). By default it is the theta the run would have written
+    as `theta_final.msgpack` at that step: the moving average of theta when the run kept one
+    (`theta_ema`), else theta itself.
 
     Args:
         path: a checkpoint file written by `outer_train` or `ray_outer_train` (format v1 or v2).
+        which: "result" (the average when the run kept one, else theta) or "last" (theta itself, what
+            `theta_last.msgpack` holds).
 
     Returns:
         (the LearnedOptimizer of the run's "architecture" and "lopt_config", theta as numpy arrays
@@ -95,6 +99,8 @@ def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
             a ValueError), records no learned optimizer, or holds a theta that does not match the
             recorded architecture's structure and shapes.
     """
+    if which not in ("result", "last"):
+        raise ValueError(f"which must be 'result' or 'last', got {which!r}")
     payload = read(path)
     meta = payload.get("meta") or {}
     if "architecture" not in meta or "lopt_config" not in meta:
@@ -103,10 +109,12 @@ def theta_from_checkpoint(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
     learned_opt = lopt.architecture(meta["architecture"])(**meta["lopt_config"])
     spec = learned_opt.theta_spec()
     index = {entry[0]: i for i, entry in enumerate(payload["structure"])}
+    averaged = which == "result" and any(entry[0].startswith(".learner_state.theta_avg") for entry in payload["structure"])
+    prefix = ".learner_state.theta_avg" if averaged else ".learner_state.theta"
     leaves = []
     for path, leaf in jax.tree_util.tree_leaves_with_path(spec):
         want = jax.tree_util.keystr(path)
-        name = ".learner_state.theta" + want
+        name = prefix + want
         if name not in index:
             raise ValueError(f"{path}: no theta leaf {want} of {meta['architecture']} in the checkpoint")
         value = np.asarray(payload["leaves"][f"{index[name]:06d}"])

@@ -153,6 +153,22 @@ def test_nonfinite_estimates_are_dropped_counted_and_logged(tiny, tmp_path):
     assert [v for _, v in tb["num_dropped"]] == [0, 1, 0, 1, 0, 1]
 
 
+def test_theta_from_checkpoint_of_an_averaging_run_is_its_average_or_with_last_its_theta(tiny, tmp_path):
+    """With theta_ema the checkpoint's result is the moving average, as theta_final.msgpack holds it
+    at that step, and which="last" gives theta itself (theta_last.msgpack)."""
+    lo, est, _ = tiny
+    learner = ot.GradientLearner(lo, optax.adam(0.1), theta_ema=0.5)
+    state = ot.outer_train(learner, [est], 3, output_dir=str(tmp_path), progress=False)
+    path = str(sorted((tmp_path / "checkpoints").glob("ckpt_*.msgpack"))[-1])
+    _, avg = ot.theta_from_checkpoint(path)
+    _, last = ot.theta_from_checkpoint(path, which="last")
+    final, last_file = (lopt.load_theta(str(tmp_path / f)) for f in ("theta_final.msgpack", "theta_last.msgpack"))
+    np.testing.assert_array_equal(avg["log_lr"], final["log_lr"])
+    np.testing.assert_array_equal(last["log_lr"], last_file["log_lr"])
+    np.testing.assert_array_equal(last["log_lr"], np.asarray(state.theta["log_lr"]))
+    assert not np.array_equal(avg["log_lr"], last["log_lr"])  # the average lags theta
+
+
 def test_theta_from_checkpoint_is_the_runs_theta(tiny, tmp_path):
     """A run's checkpoint gives back its learned optimizer and theta (what evaluate.py evaluates), and a
     file that is not an outer_train checkpoint is refused with the reason."""
@@ -166,6 +182,8 @@ def test_theta_from_checkpoint_is_the_runs_theta(tiny, tmp_path):
     assert jax.tree_util.tree_structure(theta) == jax.tree_util.tree_structure(want)
     for a, b in zip(jax.tree_util.tree_leaves(theta), jax.tree_util.tree_leaves(want)):
         np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="which must be 'result' or 'last'"):
+        ot.theta_from_checkpoint(str(path), which="ema")
     ot.CheckpointManager(str(tmp_path / "other")).save(1, {"x": jnp.ones(3)}, {})
     with pytest.raises(ValueError, match="records no learned optimizer"):
         ot.theta_from_checkpoint(str(next((tmp_path / "other").glob("ckpt_*.msgpack"))))
