@@ -13,6 +13,8 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
   of n parameters (a function of n alone)
 - `blockwise_sum`: a sum over a long axis (the per-tensor feature statistics) taken block by
   block, so each block's several reductions read it from cache
+- `prior_schedule(name, t, N)`: the fixed schedule a learned step size multiplies: 1
+  ("constant") or a 5% linear warm-up then a cosine decay to 0 at the horizon N ("cosine")
 - `EPS` (1e-8): added to a second moment before every square root / rsqrt of it
 - `tree_mismatch`, `require_params`: the trace-time checks of `tx.update`'s inputs (and of theta,
   `LearnedOptimizer.check_theta`), naming the first leaf path that differs
@@ -33,6 +35,8 @@ TIMESCALES = (1, 3, 10, 30, 100, 300, 1000, 3000, 10000, 30000, 100000)
 NUM_PROGRESS = 3
 NUM_LOSS = 2
 EPS = 1e-8
+SCHEDULES = ("constant", "cosine")
+WARMUP_FRACTION = 0.05
 
 
 def step_embedding(iteration: jax.Array, timescales: Sequence[float] = TIMESCALES) -> jax.Array:
@@ -50,6 +54,28 @@ def progress_features(iteration: jax.Array, num_steps: Optional[Any]) -> jax.Arr
     n = jnp.maximum(jnp.asarray(num_steps, jnp.float32), 1.0)
     t = jnp.asarray(iteration, jnp.float32)
     return jnp.stack([jnp.minimum(t / n, 1.0), jnp.log1p(n) / 10.0, jnp.ones((), jnp.float32)])
+
+
+def prior_schedule(name: str, iteration: jax.Array, num_steps: Optional[Any]) -> jax.Array:
+    """σ(t, N), a fixed schedule over the horizon that a learned step size multiplies.
+
+    Args:
+      name: "constant" or "cosine" (`SCHEDULES`).
+      iteration: t, int32 [] (the number of updates before this one).
+      num_steps: the horizon N (may be traced) or None.
+
+    Returns:
+      float32 []: 1 for "constant" or N None; for "cosine", min((t+1)/w, 1) · ½(1 + cos(π·min(t/N, 1)))
+      with w = max(1, ⌈`WARMUP_FRACTION` · N⌉).
+    """
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; known: {SCHEDULES}")
+    if name == "constant" or num_steps is None:
+        return jnp.ones((), jnp.float32)
+    n = jnp.maximum(jnp.asarray(num_steps, jnp.float32), 1.0)
+    t = jnp.asarray(iteration, jnp.float32)
+    warm = jnp.minimum((t + 1.0) / jnp.maximum(1.0, jnp.ceil(WARMUP_FRACTION * n)), 1.0)
+    return warm * 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t / n, 1.0)))
 
 
 def loss_features(loss: Optional[Any], loss_state: jax.Array) -> tuple[jax.Array, jax.Array]:

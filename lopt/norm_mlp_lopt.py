@@ -83,8 +83,7 @@ from lopt.overshoot_brake import overshoot_brake
 
 DECAYS = (0.5, 0.9, 0.99, 0.999)
 VECTOR_RULES = ("learned", "adam")
-SCHEDULES = ("constant", "cosine")
-WARMUP_FRACTION = 0.05
+SCHEDULES, WARMUP_FRACTION = ft.SCHEDULES, ft.WARMUP_FRACTION
 # elements per block of the residual MLP: a block's features and hidden units stay in cache, and no
 # temporary of the tensor's size exists (XLA on CPU page-faults those in on every call)
 BLOCK = 16384
@@ -283,12 +282,7 @@ class NormMLPLOpt(LearnedOptimizer):
           float32 []: 1 for "constant" or N None; for "cosine", min((t+1)/w, 1) · ½(1 + cos(π·min(t/N, 1)))
           with w = max(1, ⌈0.05 N⌉).
         """
-        if self.schedule == "constant" or num_steps is None:
-            return jnp.ones((), jnp.float32)
-        n = jnp.maximum(jnp.asarray(num_steps, jnp.float32), 1.0)
-        t = jnp.asarray(iteration, jnp.float32)
-        warm = jnp.minimum((t + 1.0) / jnp.maximum(1.0, jnp.ceil(WARMUP_FRACTION * n)), 1.0)
-        return warm * 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t / n, 1.0)))
+        return ft.prior_schedule(self.schedule, iteration, num_steps)
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False,
                weight_dimension_numbers: Any = None, strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:

@@ -42,7 +42,8 @@ z = [emb(t) (T), progress(t, N) (3), loss features (2)] (`lopt.features`) and em
     η_matrix = `matrix_lr` · exp(`log_lr_range` · tanh(s_0)),   η_adam = `adam_lr` · exp(`log_lr_range` · tanh(s_1))
 
 Its output layer starts at zero, so a fresh theta steps at exactly `matrix_lr` and `adam_lr`; no
-theta moves η by more than a factor e^`log_lr_range` either way. With `overshoot_gain` > 0 every
+theta moves η by more than a factor e^`log_lr_range` either way. With `schedule="cosine"` both
+multiply a fixed warm-up + cosine decay over the horizon N (`features.prior_schedule`). With `overshoot_gain` > 0 every
 step is scaled by `lopt.overshoot_brake`'s α_t ≤ 1.
 """
 from __future__ import annotations
@@ -56,7 +57,7 @@ import optax
 
 from lopt import features as ft
 from lopt import param_roles
-from lopt.base import LearnedOptimizer
+from lopt.base import LearnedOptimizer, added_option
 from lopt.moment_features import accumulate, momentum_index, normalized_feature_mlp
 from lopt.nn import bounded_step_sizes, dense_init, step_size_head_init
 from lopt.orthogonal.newton_schulz import orthogonalize, width_scale
@@ -120,6 +121,8 @@ class Celo2LOpt(LearnedOptimizer):
         MLP; N is `opt_fn`'s `num_steps` (zeros when it is None).
       overshoot_gain: κ ≥ 0 of the overshoot brake (`lopt.overshoot_brake`; 0: off).
       overshoot_threshold: the brake's threshold in [0, 1).
+      schedule: the prior schedule σ(t, N) both step sizes multiply (`features.prior_schedule`):
+        "constant" or "cosine" (5% linear warm-up, cosine decay to 0 at the horizon N; 1 when N is None).
     """
 
     hidden_size: int = 8
@@ -136,6 +139,7 @@ class Celo2LOpt(LearnedOptimizer):
     use_num_steps: bool = True
     overshoot_gain: float = 0.0
     overshoot_threshold: float = 0.15
+    schedule: str = added_option("constant")
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
@@ -149,6 +153,8 @@ class Celo2LOpt(LearnedOptimizer):
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         check_overshoot_options(self.overshoot_gain, self.overshoot_threshold)
+        if self.schedule not in ft.SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; known: {ft.SCHEDULES}")
 
     @property
     def _mom_idx(self) -> int:
@@ -253,7 +259,7 @@ class Celo2LOpt(LearnedOptimizer):
             ft.require_params(updates, params, "Celo2LOpt")
             loss_feats, loss_state = ft.loss_features(extra_args.get("loss"), state.loss_state)
             t = state.iteration
-            lrs = self.step_sizes(theta, t, num_steps, loss_feats)
+            lrs = self.step_sizes(theta, t, num_steps, loss_feats) * ft.prior_schedule(self.schedule, t, num_steps)
             roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
             treedef, gs, (ps, ms, vs, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment, roles)
             leaves = [update_leaf(g, p, m, v, r, t, lrs) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]

@@ -34,7 +34,7 @@ from lopt.orthogonal.newton_schulz import width_scale
 from lopt.torch import common
 from lopt.torch.layout import inverse_axes
 from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
-from lopt.torch.norm_mlp_lopt import newton_schulz, role_of
+from lopt.torch.norm_mlp_lopt import newton_schulz, prior_schedule, role_of
 from lopt.torch.overshoot_brake import OvershootBrake
 from lopt.torch.rule import Context, Item, Rule, register
 
@@ -88,13 +88,13 @@ class Celo2LOptRule(Rule):
         return state
 
     def step_sizes(self, ctx: Context, items, loss_feats: torch.Tensor) -> torch.Tensor:
-        """(η_matrix, η_adam) per item: [L, 2]."""
+        """(η_matrix, η_adam) per item, times the prior schedule σ: [L, 2]."""
         lo, lr = self.learned_opt, ctx.theta["lr"]
         z = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items, lo.use_num_steps), loss_feats], dim=1)
         h = torch.relu(z @ lr["hidden"]["w"] + lr["hidden"]["b"])
         s = h @ lr["output"]["w"] + lr["output"]["b"]
         base = torch.tensor([lo.matrix_lr, lo.adam_lr], dtype=ctx.dtype, device=ctx.device)
-        return base * torch.exp(lo.log_lr_range * torch.tanh(s))
+        return base * torch.exp(lo.log_lr_range * torch.tanh(s)) * prior_schedule(lo.schedule, ctx, items)[:, None]
 
     def updates(self, items, ctx):
         lo, mlp = self.learned_opt, ctx.theta["mlp"]

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from lopt.norm_mlp_lopt import WARMUP_FRACTION
+from lopt.features import WARMUP_FRACTION
 from lopt.param_roles import KINDS
 from lopt.torch import common
 from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
@@ -61,6 +61,20 @@ def newton_schulz(x: torch.Tensor) -> torch.Tensor:
         b = b_ * a + c_ * (a @ a)
         x = a_ * x + b @ x
     return x.t() if transposed else x
+
+
+def prior_schedule(name: str, ctx: Context, items) -> torch.Tensor:
+    """σ(t, N) per item, [L], as `lopt.features.prior_schedule`: 1 ("constant" or N None), else
+    warm-up · ½(1 + cos(π min(t/N, 1)))."""
+    ones = torch.ones_like(ctx.steps)
+    if name == "constant" or all(it.horizon is None for it in items):
+        return ones
+    n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
+    t = ctx.steps
+    warm = torch.clamp((t + 1.0) / torch.clamp(torch.ceil(WARMUP_FRACTION * n), min=1.0), max=1.0)
+    sched = warm * 0.5 * (1.0 + torch.cos(math.pi * torch.clamp(t / n, max=1.0)))
+    known = torch.tensor([it.horizon is not None for it in items], device=ctx.device)
+    return torch.where(known, sched, ones)
 
 
 def role_of(param: torch.Tensor, role=None) -> str:
@@ -124,17 +138,8 @@ class NormMLPLOptRule(Rule):
         return lrs * self.prior_schedule(ctx, items)[:, None]
 
     def prior_schedule(self, ctx: Context, items) -> torch.Tensor:
-        """σ(t, N) per item, [L]: 1 ("constant" or N None), else warm-up · ½(1 + cos(π min(t/N, 1)))."""
-        lo = self.learned_opt
-        ones = torch.ones_like(ctx.steps)
-        if lo.schedule == "constant" or all(it.horizon is None for it in items):
-            return ones
-        n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
-        t = ctx.steps
-        warm = torch.clamp((t + 1.0) / torch.clamp(torch.ceil(WARMUP_FRACTION * n), min=1.0), max=1.0)
-        sched = warm * 0.5 * (1.0 + torch.cos(math.pi * torch.clamp(t / n, max=1.0)))
-        known = torch.tensor([it.horizon is not None for it in items], device=ctx.device)
-        return torch.where(known, sched, ones)
+        """σ(t, N) per item, [L] (`prior_schedule`)."""
+        return prior_schedule(self.learned_opt.schedule, ctx, items)
 
     def updates(self, items, ctx):
         lo, mlp = self.learned_opt, ctx.theta["mlp"]

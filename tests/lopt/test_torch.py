@@ -138,6 +138,7 @@ CONFIGS = {
     # the learned residual moves the final parameters by ~15-20% of their travel (~2-4% at the default
     # residual_init): far above TRAVEL_TOL, so a wrong residual fails
     "celo2_residual_1_weight_decay_3_layers": lopt.Celo2LOpt(residual_init=1.0, weight_decay=0.1, hidden_layers=3),
+    "celo2_cosine": lopt.Celo2LOpt(schedule="cosine"),
 }
 
 

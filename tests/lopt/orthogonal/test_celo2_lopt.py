@@ -130,3 +130,22 @@ def test_decoupled_weight_decay_is_lr_times_lambda_times_p():
 def test_dimension_numbers_refuse_leaves_that_are_not_matrices(shape, role):
     with pytest.raises(ValueError, match="orthogonalized|no output axis"):
         newton_schulz.dimension_numbers(role, len(shape))
+
+
+def test_cosine_schedule_scales_both_step_sizes_and_leaves_celo2_v1_configs_unchanged():
+    """With schedule="cosine" each step is the constant schedule's times σ(t, N) (the Adam path
+    exactly, the orthogonalized one up to Newton–Schulz's normalisation); "constant" stays out of config()."""
+    from lopt import features as ft
+    const, cos = lopt.Celo2LOpt(), lopt.Celo2LOpt(schedule="cosine")
+    assert "schedule" not in const.config() and cos.config()["schedule"] == "cosine"
+    theta = const.init(jax.random.key(0))
+    params = _params()
+    n = 40
+    a, b = _run(const.opt_fn(theta, num_steps=n), params, n=3), _run(cos.opt_fn(theta, num_steps=n), params, n=3)
+    for t in range(3):
+        sigma = float(ft.prior_schedule("cosine", jnp.asarray(t), n))
+        assert sigma < 1.0
+        # the first step moves params identically; later steps see different params, so compare step 0 only
+        if t == 0:
+            chex.assert_trees_all_close(b[0], jax.tree_util.tree_map(lambda x: sigma * x, a[0]), rtol=2e-5, atol=1e-9)
+    assert float(ft.prior_schedule("cosine", jnp.asarray(n), n)) == 0.0
