@@ -114,7 +114,9 @@ def _meta_training_families(path, tmp_path, monkeypatch):
     monkeypatch.setattr(outer_train.ot, "outer_train", capture)
     gin.clear_config()
     try:
-        load_config([path], [])
+        # validation during the run (train.validation_*) trains suite tasks on purpose: not a
+        # meta-training family, and it loads their data, so it is switched off here
+        load_config([path], ["train.validation_every = 0", "train.validation_suite = None"])
         with pytest.raises(_Built):
             outer_train.train(str(tmp_path / os.path.basename(path)), tensorboard=False, progress=False)
     finally:
