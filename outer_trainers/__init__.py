@@ -21,7 +21,8 @@ from outer_trainers.evaluation import (best_runs, compare_optimizers, format_com
 from outer_trainers.learner import (GradientLearner, LearnerState, MetaEvaluator, OuterTrainState, ValidationSelector,
                                     chained, init_outer_state, outer_step, outer_train, resample_estimators)
 from outer_trainers.runs import (CheckpointManager, CheckpointPolicy, ExistingRunError, MetaTrainingDiverged,
-                                 Reporter, RunCheckpoints, RunTotals, UnreadableCheckpointsError, theta_from_checkpoint)
+                                 Reporter, RunCheckpoints, RunTotals, UnreadableCheckpointsError, theta_from_checkpoint,
+                                 theta_from_file)
 from outer_trainers.steps import (ConstantTruncationSchedule, LOptInnerState, LOptTruncatedStep,
                                   LogUniformTruncationSchedule, NeverEndingTruncationSchedule, StepOut, TruncatedStep,
                                   TruncationSchedule, TruncationState)
@@ -35,7 +36,7 @@ __all__ = [
     "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES",
     "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",
-    "Reporter", "RunTotals", "RunCheckpoints", "theta_from_checkpoint", "MetaTrainingDiverged",
+    "Reporter", "RunTotals", "RunCheckpoints", "theta_from_checkpoint", "theta_from_file", "MetaTrainingDiverged",
     "ExistingRunError", "UnreadableCheckpointsError",
     "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP", "ShardedTruncatedPES",

@@ -16,10 +16,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-import lopt
 from outer_trainers.evaluation.task_trainer import run_fixed
 from outer_trainers.evaluation.tuning import baseline_names
-from outer_trainers.runs import theta_from_checkpoint
+from outer_trainers.runs import theta_from_file
 from tasks.base import TaskFamily
 
 PRETRAINED = "pretrained:"
@@ -59,13 +58,9 @@ def resolve_optimizer(spec: str, label: str) -> dict:
         raise ValueError(f"evaluate: --optimizer {spec!r} is neither a baseline ({', '.join(baseline_names())}), "
                          f"nor pretrained:NAME, nor an existing theta or checkpoint file")
     try:
-        learned_opt, theta = lopt.load_learned_optimizer(spec)
-    except Exception as theta_error:  # not a theta file: an outer_train checkpoint?
-        try:
-            learned_opt, theta = theta_from_checkpoint(spec)
-        except Exception as ckpt_error:
-            raise ValueError(f"evaluate: --optimizer {spec}: neither a theta file ({theta_error}) nor an outer_train "
-                             f"checkpoint ({ckpt_error})") from None
+        learned_opt, theta = theta_from_file(spec)
+    except ValueError as e:
+        raise ValueError(f"evaluate: --optimizer {e}") from None
     return {"label": label, "spec": spec, "kind": "theta", "learned_opt": learned_opt, "theta": theta}
 
 

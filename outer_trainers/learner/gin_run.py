@@ -47,7 +47,8 @@ RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.progre
                "train.meta_eval_", "train.checkpoint", "train.keep_", "train.permanent_", "train.best_", "train.num_workers",
                "train.max_staleness", "train.num_estimates_per_step", "train.validation_")
 # the arguments of `train` that describe the run's learner and estimators (what `GinRun` rebuilds on a worker)
-RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split", "theta_ema")
+RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split", "theta_ema",
+            "theta_init")
 
 
 @gin.configurable
@@ -126,7 +127,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
           trunc_sched: TruncationSchedule = gin.REQUIRED, estimators: Sequence[Callable] = gin.REQUIRED,
           estimator_weights: Optional[Sequence[float]] = None, outer_opt: optax.GradientTransformation = gin.REQUIRED,
           num_steps: int = 100, seed: int = 0, meta_loss_split: Optional[str] = None,
-          theta_ema: Optional[float] = None,
+          theta_ema: Optional[float] = None, theta_init: Optional[str] = None,
           eval_num_tasks: int = 0, eval_num_steps: int = 200,
           eval_adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
           progress: Union[bool, str] = True, log_every: int = 1, tensorboard: bool = True, resume: bool = True,
@@ -171,6 +172,10 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
         and use it as the run's result: theta_final.msgpack (the last theta goes to theta_last.msgpack),
         meta-evaluation and the comparison with Adam. None (default): no average, the last theta is the result.
         Local runs only (refused with `num_workers` > 0).
+      theta_init: start meta-training from a meta-trained theta instead of `learned_opt.init(key)`:
+        "pretrained:NAME", a theta file or an outer_train checkpoint file, of the same architecture and
+        config as `learned_opt` (`learner.meta_training_run.load_theta_init`). A resume continues from its
+        checkpoint as always.
       eval_num_tasks: held-out tasks of the final comparison with Adam (0: none).
       eval_num_steps: inner steps of each comparison run.
       eval_adam_lrs: Adam's learning-rate grid in the comparison.
@@ -233,7 +238,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     copies = worker_copies(num_workers, len(estimators))
     learner, ests = build_run(task_family=task_family, learned_opt=learned_opt, trunc_sched=trunc_sched,
                               estimators=estimators, outer_opt=outer_opt, meta_loss_split=meta_loss_split,
-                              copies=copies, theta_ema=theta_ema)
+                              copies=copies, theta_ema=theta_ema, theta_init=theta_init)
     on_ray = num_workers > 0
     evaluator = None
     if meta_eval_every > 0 and not on_ray:  # on Ray an evaluation actor builds its own (GinEvaluator)

@@ -35,6 +35,7 @@ import jax
 import optax
 
 import outer_trainers as ot
+from lopt import pretrained
 from lopt.base import LearnedOptimizer
 from lopt.file_io import atomic_write_bytes
 from outer_trainers.learner.validation_selection import VALIDATION_CACHE
@@ -124,7 +125,7 @@ def worker_copies(num_workers: int, num_estimators: int) -> int:
 def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_sched: TruncationSchedule,
               estimators: Sequence[Callable], outer_opt: optax.GradientTransformation,
               meta_loss_split: Optional[str] = None, copies: int = 1,
-              theta_ema: Optional[float] = None) -> tuple:
+              theta_ema: Optional[float] = None, theta_init: Optional[str] = None) -> tuple:
     """The GradientLearner and the estimators of a run (nothing is compiled).
 
     Args:
@@ -136,14 +137,62 @@ def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_s
       meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
       copies: how many times the estimator list is repeated (each copy has its own particles).
       theta_ema: the learner's moving average of theta (`GradientLearner(theta_ema=...)`; None: none).
+      theta_init: where meta-training starts (`load_theta_init`): "pretrained:NAME", a theta file or an
+        outer_train checkpoint file (None: `learned_opt.init(key)`).
 
     Returns:
       (GradientLearner, [estimator, ...]) with `copies * len(estimators)` estimators, all on one
       `LOptTruncatedStep`.
+
+    Raises:
+      ValueError: `theta_init` cannot be read or is a theta of another architecture or config.
     """
     step = ot.LOptTruncatedStep(task_family, learned_opt, trunc_sched, meta_loss_split=meta_loss_split)
-    learner = ot.GradientLearner(learned_opt, outer_opt, theta_ema=theta_ema)
+    start = None if theta_init is None else load_theta_init(theta_init, learned_opt)
+    learner = ot.GradientLearner(learned_opt, outer_opt, theta_init=start, theta_ema=theta_ema)
     return learner, [make(step) for _ in range(copies) for make in estimators]
+
+
+def load_theta_init(spec: str, learned_opt: LearnedOptimizer) -> Any:
+    """The theta a run starts from (fine-tuning a meta-trained optimizer): `train.theta_init = spec`.
+
+    Args:
+      spec: "pretrained:NAME" (`lopt.pretrained`; the theta as meta-trained, without deploy options),
+        a theta file (`lopt.save_theta`) or a checkpoint file of an outer_train run (its result theta,
+        the average where the run averaged theta).
+      learned_opt: the run's learned optimizer; the file's must be the same architecture with the same
+        config, so that theta means the same update rule.
+
+    Returns:
+      the theta, a pytree shaped like `learned_opt.init`'s.
+
+    Raises:
+      ValueError: an unknown pretrained name, an unreadable file, or a theta of another architecture or config
+        (naming the config fields that differ).
+    """
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"train.theta_init must be 'pretrained:NAME' or a theta or checkpoint file path, got {spec!r}")
+    if spec.startswith("pretrained:"):
+        name = spec[len("pretrained:"):]
+        if name not in pretrained.names():
+            raise ValueError(f"train.theta_init = {spec!r}: no pretrained optimizer named {name!r}; "
+                             f"pretrained.names() = {list(pretrained.names())}")
+        saved_opt, theta = pretrained.load_learned_optimizer_by_name(name)
+    else:
+        try:
+            saved_opt, theta = ot.theta_from_file(spec)
+        except ValueError as e:
+            raise ValueError(f"train.theta_init: {e} (give 'pretrained:NAME', a theta file or a checkpoint file)") from None
+    if saved_opt.name != learned_opt.name:
+        raise ValueError(f"train.theta_init = {spec!r} is a theta of {saved_opt.name}, but the run meta-trains "
+                         f"{learned_opt.name}")
+    saved, run = saved_opt.config(), learned_opt.config()
+    differ = sorted(k for k in set(saved) | set(run) if saved.get(k) != run.get(k))
+    if differ:
+        raise ValueError(f"train.theta_init = {spec!r}: its {saved_opt.name} config differs from the run's in "
+                         + ", ".join(f"{k} ({saved.get(k)!r} there, {run.get(k)!r} here)" for k in differ)
+                         + "; bind the run's learned optimizer to the file's config")
+    return theta
 
 
 def make_meta_evaluator(learned_opt: LearnedOptimizer, task_family: TaskFamily, tasks: Optional[Sequence[Any]] = None,

@@ -13,8 +13,9 @@ from outer_trainers.runs.checkpoint_manager import CheckpointManager
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.corrupt_checkpoints import UnreadableCheckpointsError
 from outer_trainers.runs.reporting import MetaTrainingDiverged, Reporter, RunTotals
-from outer_trainers.runs.run_checkpoints import ExistingRunError, RunCheckpoints, config_history, theta_from_checkpoint
+from outer_trainers.runs.run_checkpoints import ExistingRunError, RunCheckpoints, config_history, theta_from_checkpoint, \
+    theta_from_file
 
 __all__ = ["CheckpointManager", "CheckpointPolicy", "UnreadableCheckpointsError", "CorruptCheckpointError", "read",
            "restore", "structure_of", "to_bytes", "MetaTrainingDiverged", "Reporter", "RunTotals", "ExistingRunError",
-           "RunCheckpoints", "theta_from_checkpoint", "config_history"]
+           "RunCheckpoints", "theta_from_checkpoint", "theta_from_file", "config_history"]

@@ -125,6 +125,31 @@ def theta_from_checkpoint(path: str, which: str = "result") -> tuple[lopt.Learne
     return learned_opt, jax.tree_util.tree_structure(spec).unflatten(leaves)
 
 
+def theta_from_file(path: str) -> tuple[lopt.LearnedOptimizer, Any]:
+    """The learned optimizer and theta in a theta file (`lopt.save_theta`) or an `outer_train` checkpoint file.
+
+    Args:
+        path: a theta file, or a checkpoint file (then its result theta, as `theta_from_checkpoint`).
+
+    Returns:
+        (the LearnedOptimizer, theta).
+
+    Raises:
+        ValueError: no such file, or it is neither a readable theta file nor a readable checkpoint
+            (naming both reasons).
+    """
+    if not os.path.isfile(path):
+        raise ValueError(f"{path!r}: no such file (a theta file or an outer_train checkpoint file)")
+    try:
+        return lopt.load_learned_optimizer(path)
+    except Exception as theta_error:  # not a theta file: an outer_train checkpoint?
+        try:
+            return theta_from_checkpoint(path)
+        except Exception as ckpt_error:
+            raise ValueError(f"{path!r} is neither a theta file ({theta_error}) nor an outer_train checkpoint "
+                             f"({ckpt_error})") from None
+
+
 class RunCheckpoints:
     """Restores and saves the checkpoints of one run in `output_dir/checkpoints`.
 
