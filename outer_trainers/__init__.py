@@ -24,7 +24,8 @@ from outer_trainers.runs import (CheckpointManager, CheckpointPolicy, ExistingRu
                                  Reporter, RunCheckpoints, RunTotals, UnreadableCheckpointsError, theta_from_checkpoint,
                                  theta_from_file)
 from outer_trainers.steps import (ConstantTruncationSchedule, LOptInnerState, LOptTruncatedStep,
-                                  LogUniformTruncationSchedule, NeverEndingTruncationSchedule, StepOut, TruncatedStep,
+                                  LogUniformTruncationSchedule, NeverEndingTruncationSchedule,
+                                  PowerLawTruncationSchedule, StepOut, TruncatedStep,
                                   TruncationSchedule, TruncationState)
 from outer_trainers.training import Evaluation, Evaluator, TrainResult, TrainState, run_to_end, train_loop, train_model
 from outer_trainers.distributed import pbt_outer_train, pbt_reports, ray_outer_train
@@ -32,7 +33,7 @@ from outer_trainers.distributed import pbt_outer_train, pbt_reports, ray_outer_t
 __all__ = [
     "EstimatorSchedule",
     "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
-    "NeverEndingTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
+    "NeverEndingTruncationSchedule", "PowerLawTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
     "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES",
     "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",

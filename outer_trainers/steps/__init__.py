@@ -7,8 +7,10 @@ lax.scan over steps and the vmap over particles that estimators share).
 from outer_trainers.steps.lopt_truncated_step import LOptInnerState, LOptTruncatedStep
 from outer_trainers.steps.truncated_step import StepOut, TruncatedStep
 from outer_trainers.steps.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
-                                                      NeverEndingTruncationSchedule, TruncationSchedule,
+                                                      NeverEndingTruncationSchedule, PowerLawTruncationSchedule,
+                                                      TruncationSchedule,
                                                       TruncationState)
 
 __all__ = ["TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState", "TruncationSchedule", "TruncationState",
-           "ConstantTruncationSchedule", "LogUniformTruncationSchedule", "NeverEndingTruncationSchedule"]
+           "ConstantTruncationSchedule", "LogUniformTruncationSchedule", "NeverEndingTruncationSchedule",
+           "PowerLawTruncationSchedule"]

@@ -140,6 +140,54 @@ class LogUniformTruncationSchedule(TruncationSchedule):
 
 
 @dataclasses.dataclass(frozen=True)
+class PowerLawTruncationSchedule(TruncationSchedule):
+    """Episode lengths drawn with density ∝ L^(−`power`) on [min_length, max_length].
+
+    A particle spends inner steps in an episode in proportion to its length L, so the share of
+    meta-training (of truncations, hence of outer gradient) spent in episodes of lengths in
+    [a, b] is ∝ ∫ L · L^(−power) dL. With power = 1 (log-uniform lengths, as
+    `LogUniformTruncationSchedule`) that share grows linearly with the lengths, and the longest
+    episodes dominate; with power = 2 every octave of lengths gets the same share of inner steps.
+
+    Sampled by inverting the CDF, with c = 1 − power, a = min_length, b = max_length + 1 and
+    u ~ U[0, 1):
+
+        L = ⌊(a^c + u (b^c − a^c))^(1/c)⌋        (power ≠ 1)
+        L = ⌊a (b / a)^u⌋                           (power = 1)
+
+    clipped to [min_length, max_length].
+
+    Args:
+        min_length: the shortest episode, >= 1.
+        max_length: the longest episode, >= min_length.
+        power: the exponent of the length density, >= 0 (0: uniform lengths; 1: log-uniform;
+            2: equal inner steps per octave of lengths).
+    """
+
+    min_length: int
+    max_length: int = dataclasses.field()
+    power: float = dataclasses.field()
+
+    def __post_init__(self):
+        if not 1 <= self.min_length <= self.max_length:
+            raise ValueError(f"need 1 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
+        if not (math.isfinite(self.power) and self.power >= 0):
+            raise ValueError(f"power must be finite and >= 0, got {self.power}")
+
+    def init(self, key, outer_state=None):
+        del outer_state
+        u = jax.random.uniform(key, (), jnp.float32)
+        a, b = float(self.min_length), float(self.max_length + 1)
+        if self.power == 1:
+            length = a * (b / a) ** u
+        else:
+            c = 1.0 - self.power
+            length = (a ** c + u * (b ** c - a ** c)) ** (1.0 / c)
+        length = jnp.clip(jnp.floor(length), self.min_length, self.max_length)
+        return TruncationState(length=length.astype(jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
 class NeverEndingTruncationSchedule(TruncationSchedule):
     """One episode that never ends (online problems): `done` is always False, `max_length` None."""
 

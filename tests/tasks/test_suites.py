@@ -116,8 +116,10 @@ def _meta_training_families(path, tmp_path, monkeypatch):
     gin.clear_config()
     try:
         # validation during the run (train.validation_*) trains suite tasks on purpose: not a
-        # meta-training family, and it loads their data, so it is switched off here
-        load_config([path], ["train.validation_every = 0", "train.validation_suite = None"])
+        # meta-training family, and it loads their data, so it is switched off here; a recipe that
+        # starts from an earlier stage's run (train.theta_init = a file) is checked without that file
+        load_config([path], ["train.validation_every = 0", "train.validation_suite = None",
+                             "train.theta_init = None"])
         with pytest.raises(_Built):
             outer_train.train(str(tmp_path / os.path.basename(path)), tensorboard=False, progress=False)
     finally:

@@ -66,3 +66,51 @@ def test_max_length_is_the_longest_episode():
     assert ot.NeverEndingTruncationSchedule().max_length is None
     with pytest.raises(TypeError, match="max_length"):
         ot.LogUniformTruncationSchedule(10)  # still a required argument
+
+
+def _draws(schedule, n=20000):
+    return np.asarray(jax.vmap(lambda k: schedule.init(k).length)(jax.random.split(jax.random.key(0), n)))
+
+
+@pytest.mark.parametrize("power", [0.0, 1.0, 2.0, 2.5])
+def test_power_law_matches_its_density(power):
+    a, b = 10, 1000
+    lengths = _draws(ot.PowerLawTruncationSchedule(a, b, power))
+    chex.assert_type(lengths, np.int32)
+    assert lengths.min() >= a and lengths.max() <= b
+    # P(L < 100) from the continuous density ∝ L^-power on [a, b + 1) (floor: L < 100 iff x < 100)
+    hi = b + 1.0
+    if power == 1.0:
+        expected = np.log(100 / a) / np.log(hi / a)
+    else:
+        c = 1.0 - power
+        expected = (100.0 ** c - a ** c) / (hi ** c - a ** c)
+    assert abs(np.mean(lengths < 100) - expected) < 0.015
+
+
+def test_power_law_two_gives_equal_inner_steps_per_octave():
+    lengths = _draws(ot.PowerLawTruncationSchedule(100, 6399, 2.0), 200000).astype(np.float64)
+    octaves = [(100 * 2**i, 100 * 2**(i + 1)) for i in range(6)]
+    shares = np.array([lengths[(lengths >= lo) & (lengths < hi)].sum() for lo, hi in octaves]) / lengths.sum()
+    chex.assert_trees_all_close(shares, np.full(6, 1 / 6), atol=0.01)
+
+
+def test_power_law_one_is_log_uniform():
+    power_law = _draws(ot.PowerLawTruncationSchedule(10, 1000, 1.0))
+    log_uniform = _draws(ot.LogUniformTruncationSchedule(10, 1000))
+    for q in (0.1, 0.5, 0.9):
+        assert abs(np.quantile(power_law, q) / np.quantile(log_uniform, q) - 1) < 0.05
+
+
+@pytest.mark.parametrize("args,match", [((100, 10, 2.0), "min_length"), ((10, 100, -1.0), "power"),
+                                        ((10, 100, float("nan")), "power")])
+def test_bad_power_law(args, match):
+    with pytest.raises(ValueError, match=match):
+        ot.PowerLawTruncationSchedule(*args)
+
+
+def test_power_law_hashes_by_value_and_needs_power():
+    assert hash(ot.PowerLawTruncationSchedule(1, 9, 2.0)) == hash(ot.PowerLawTruncationSchedule(1, 9, 2.0))
+    assert ot.PowerLawTruncationSchedule(1, 9, 2.0).max_length == 9
+    with pytest.raises(TypeError, match="power"):
+        ot.PowerLawTruncationSchedule(1, 9)
