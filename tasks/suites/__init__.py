@@ -29,6 +29,9 @@ Suites (`names()`):
   horizon of the shipped optimizers (2000 steps): MLP autoencoders on digits (the 64-32-8-32-64
   ReLU one) and signals1d, MLPs on digits and signals1d, a digits convnet and an ill-conditioned
   least squares (condition number 10^4); 3 seeds each; built-in data only.
+- long-horizon-50k-cpu: long-horizon-cpu's 7 tasks at 5x their budgets (50 000-100 000 steps,
+  `long50k_...`), >= 5x a 10 000-step meta-training horizon; about 20 CPU-minutes against tuned
+  Adam.
 - lm-cpu: 5 byte-level LMs (transformers of width 16-48 and depth 1-2, LSTMs of width 64-96) on
   the procedural English-like text and on procedural arithmetic (`arithmetic_text`), 600-1000
   steps, 3 seeds each; no file.
@@ -37,7 +40,7 @@ Suites (`names()`):
   and budgets; needs the Fashion-MNIST IDX files as heldout-cpu does.
 
 Every suite is disjoint from the meta-training families of the shipped optimizers' recipes and
-of the quick start (the tests check it with `held_out_report`); no task of long-horizon-cpu,
+of the quick start (the tests check it with `held_out_report`); no task of the long-horizon suites,
 lm-cpu or scaling-cpu has the static config of a heldout-cpu(-mnist) or validation-cpu task.
 
 Every task is evaluated on the "test" split: the held-out loss after training is the mean

@@ -82,6 +82,10 @@ _LONG_HORIZON_CPU = (
     _regression("long_regression_dim200_cond10000", 200, 64, 20_000, condition=1e4),
 )
 
+# long-horizon-cpu's tasks at 5x their budgets (50 000-100 000 steps): >= 5x a 10 000-step horizon.
+_LONG_HORIZON_50K_CPU = tuple(dataclasses.replace(t, name=t.name.replace("long_", "long50k_", 1), num_steps=5 * t.num_steps)
+                              for t in _LONG_HORIZON_CPU)
+
 # Byte LMs of several sizes on the two procedural texts of tasks.suites.texts.
 _LM_CPU = (
     _lm("lm_grammar_transformer_d16", "transformer", 16, 1000, d_model=16, num_heads=2, num_layers=1),
@@ -109,7 +113,8 @@ _HELDOUT_MLPS = tuple(t for t in _HELDOUT_CPU if t.kind == "image_mlp")
 _SCALING_CPU = tuple(_wider(t, 4) for t in _HELDOUT_MLPS) + tuple(_deeper(t, 3) for t in _HELDOUT_MLPS)
 
 _SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
-           "validation-cpu": _VALIDATION_CPU, "long-horizon-cpu": _LONG_HORIZON_CPU, "lm-cpu": _LM_CPU,
+           "validation-cpu": _VALIDATION_CPU, "long-horizon-cpu": _LONG_HORIZON_CPU,
+           "long-horizon-50k-cpu": _LONG_HORIZON_50K_CPU, "lm-cpu": _LM_CPU,
            "scaling-cpu": _SCALING_CPU}
 
 
