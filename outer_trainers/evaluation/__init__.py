@@ -31,8 +31,9 @@ from outer_trainers.evaluation.optimizer_specs import optimizer_labels, resolve_
 from outer_trainers.evaluation.report import (comparison_tables, format_number, json_safe, lr_label, markdown_table,
                                               profile_table, results_json, results_markdown, write_csv, write_json,
                                               write_text)
-from outer_trainers.evaluation.scores import (collapsed, compare_runs, diverged, final_loss, first_reach, loss_ratio,
-                                              smoothed, stability, steps_to_reach, trivial_loss_of)
+from outer_trainers.evaluation.scores import (collapsed, compare_runs, diverged, final_loss, first_reach,
+                                              held_out_exploded, loss_ratio, smoothed, stability, steps_to_reach,
+                                              trivial_loss_of)
 from outer_trainers.evaluation.stress_test import STRESS_FILES, stress_test
 from outer_trainers.evaluation.suite_runs import (DEFAULT_BASELINES, RESULT_FILES, evaluate, run_task,
                                                   runs_in_sequence, trivial_losses)
@@ -50,7 +51,7 @@ __all__ = [
     "tune_learning_rate", "muon_dimension_numbers",
     # scores
     "final_loss", "smoothed", "loss_ratio", "first_reach", "steps_to_reach", "diverged", "trivial_loss_of",
-    "collapsed", "stability", "compare_runs",
+    "collapsed", "held_out_exploded", "stability", "compare_runs",
     # aggregate
     "iqm", "iqm_interval", "summarize", "performance_profile",
     # the protocol's module, comparison

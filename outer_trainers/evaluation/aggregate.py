@@ -193,7 +193,7 @@ def summarize(comparisons: dict, runs: Optional[dict] = None, *, confidence_leve
     Returns:
       `{"num_tasks", "wins_train", "wins_eval", "wins_speed", "iqm_ratio_train", "iqm_ratio_eval",
       "iqm_speedup", "iqm_velodrome", "intervals": {metric: {"iqm", "ci_low", "ci_high"}} for each of
-      `METRICS` (absent without `runs`), "diverged", "not_below_initial", "collapsed",
+      `METRICS` (absent without `runs`), "diverged", "not_below_initial", "collapsed", "eval_exploded",
       "velodrome_beyond_budget" (task names)}`.
     """
     c = list(comparisons.values())
@@ -205,6 +205,7 @@ def summarize(comparisons: dict, runs: Optional[dict] = None, *, confidence_leve
            "diverged": [t for t, x in comparisons.items() if x["diverged"]],
            "not_below_initial": [t for t, x in comparisons.items() if not x["below_initial"]],
            "collapsed": [t for t, x in comparisons.items() if x["collapsed"]],
+           "eval_exploded": [t for t, x in comparisons.items() if x.get("eval_exploded")],
            "velodrome_beyond_budget": [t for t, x in comparisons.items() if x["velodrome_ratio"] == math.inf]}
     if runs is not None:
         strata = {t: pair_strata(*runs[t], comparisons[t]) for t in comparisons}

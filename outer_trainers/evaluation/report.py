@@ -111,17 +111,19 @@ def comparison_tables(comparisons: dict, summary: dict) -> str:
 
     Returns:
       Markdown: wins per metric, IQMs of the loss ratios, speedups and VeLOdrome ratios with their
-      95% stratified-bootstrap intervals, diverged and collapsed tasks; then, per pair, each task's
+      95% stratified-bootstrap intervals, diverged, collapsed and held-out-exploded tasks; then, per pair, each task's
       final train and held-out losses, ratios, the step at which the optimizer reaches the
       baseline's final train loss, the speedup, and the steps the baseline needs to reach the
       optimizer's final train loss (VeLOdrome; "> budget" when it does not within the budget)
-      ("diverged" for a diverged run, "(collapsed)" after a collapsed one's loss).
+      ("diverged" for a diverged run, "(collapsed)" after a collapsed one's loss, "(exploded)" after an
+      exploded held-out loss).
     """
     num = format_number
     lines = ["| optimizer vs tuned baseline | tasks | wins: final train loss | wins: held-out loss | "
              "wins: time to reach | IQM train-loss ratio [95% CI] | IQM held-out-loss ratio [95% CI] | "
-             "IQM speedup [95% CI] | IQM VeLOdrome steps / budget [95% CI] | diverged on | collapsed on |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "IQM speedup [95% CI] | IQM VeLOdrome steps / budget [95% CI] | diverged on | collapsed on | "
+             "held-out exploded on |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for pair, s in summary.items():
         n = s["num_tasks"]
         lines.append(f"| {pair} | {n} | {s['wins_train']}/{n} | {s['wins_eval']}/{n} | {s['wins_speed']}/{n} | "
@@ -129,7 +131,8 @@ def comparison_tables(comparisons: dict, summary: dict) -> str:
                      f"{_with_interval(s, 'ratio_eval', 'iqm_ratio_eval')} | "
                      f"{_with_interval(s, 'speedup', 'iqm_speedup')} | "
                      f"{_with_interval(s, 'velodrome_ratio', 'iqm_velodrome', budget_ratio)} | "
-                     f"{', '.join(s['diverged']) or 'none'} | {', '.join(s.get('collapsed', [])) or 'none'} |")
+                     f"{', '.join(s['diverged']) or 'none'} | {', '.join(s.get('collapsed', [])) or 'none'} | "
+                     f"{', '.join(s.get('eval_exploded', [])) or 'none'} |")
     for pair, per_task in comparisons.items():
         opt, base = pair.split(" vs ")
         lines += ["", f"**{pair}** (medians over seeds; ratio < 1, speedup > 1 and VeLOdrome > 1 favour {opt})",
@@ -147,8 +150,9 @@ def comparison_tables(comparisons: dict, summary: dict) -> str:
                 "—" if c["baseline_diverged"] else "never")
             final = num(c["final_train"], ".4g") + (" (collapsed)" if c.get("collapsed") else "")
             base_final = "every lr diverged" if c["baseline_diverged"] else num(c["baseline_final_train"], ".4g")
+            held_out = num(c["eval"], ".4g") + (" (exploded)" if c.get("eval_exploded") else "")
             lines.append(f"| {task} | {final} | {base_final} | {num(c['ratio_train'])} | "
-                         f"{num(c['eval'], '.4g')} | {num(c['baseline_eval'], '.4g')} | {num(c['ratio_eval'])} | "
+                         f"{held_out} | {num(c['baseline_eval'], '.4g')} | {num(c['ratio_eval'])} | "
                          f"{reach} | {num(c['speedup'])} | {velo} | {budget_ratio(c['velodrome_ratio'])} |")
     return "\n".join(lines)
 

@@ -15,6 +15,7 @@ every statistic a median over seeds::
                        within T, "> budget"; > 1 can only be that).  Against tuned Adam it is the VeLOdrome
                        metric of VeLO (Metz et al. 2022); the higher, the better for L
     collapsed          f_L >= (1 - margin) * the task's trivial loss (`collapsed`)
+    held-out exploded  on some seed, e_L > 10 * that seed's first train loss (`held_out_exploded`)
 
 The curve is the same trailing mean that defines the final loss, so c_B(T) = f_B and a single lucky
 minibatch cannot "reach" a target. A run with a non-finite train or held-out loss on any seed is
@@ -33,6 +34,13 @@ collapsed. Without a trivial loss the reference is the run's own initial loss wi
 (`stability`: the mean of the first 1% of steps; `compare_runs`: the first step's, as its
 `below_initial`): collapsed then means not below where it started, the rule `stability` always had.
 
+**Held-out explosion.** A run can also end with a fine train loss while its weights have grown so
+large that inputs it was not trained on give losses of 1e9: the held-out loss is finite, so the run
+is not diverged, and the ratio alone reads like heavy over-fitting. A seed whose held-out loss is
+more than `EXPLODE_FACTOR` (10) times its first train loss, the loss of the untrained model, is
+flagged (`held_out_exploded`; `compare_runs`' "eval_exploded", the reports' "held-out exploded on").
+The flag does not change the wins or ratios.
+
 `stability` is the pass/fail check of one long run (finite, below where it started, not
 collapsed). Across tasks: `aggregate` (IQMs, their bootstrap intervals, performance profiles).
 
@@ -47,6 +55,7 @@ from typing import Any, Optional
 import numpy as np
 
 COLLAPSE_MARGIN = 0.05
+EXPLODE_FACTOR = 10.0
 
 
 def final_loss(losses) -> np.ndarray:
@@ -144,6 +153,24 @@ def diverged(run: dict) -> bool:
       True when the run diverged.
     """
     return bool(not np.all(np.isfinite(run["losses"])) or not np.all(np.isfinite(run["evals"])))
+
+
+def held_out_exploded(run: dict, factor: float = EXPLODE_FACTOR) -> np.ndarray:
+    """Per seed, whether the held-out loss after training exploded (module docstring)::
+
+        exploded = e > factor * l_1      (e finite, l_1 > 0 the seed's first train loss)
+
+    Args:
+      run: a run dict ("losses" [S, T], "evals" [S]).
+      factor: how many times the untrained model's loss a held-out loss may be.
+
+    Returns:
+      bool array [S]; False for a non-finite held-out loss (that run diverged: `diverged`).
+    """
+    evals = np.asarray(run["evals"], np.float64)
+    first = np.asarray(run["losses"], np.float64)[:, 0]
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(evals) & np.isfinite(first) & (first > 0) & (evals > factor * first)
 
 
 def trivial_loss_of(task: Any) -> Optional[float]:
@@ -255,8 +282,8 @@ def compare_runs(run: dict, base: dict, trivial_loss=None, margin: float = COLLA
       "initial_train", "below_initial", "steps_to_reach" (None: never), "baseline_steps_to_reach"
       (of the optimizer's final loss; None unless needed), "speedup", "velodrome_steps" (None: not
       within the budget), "velodrome_ratio" (inf: not within the budget), "trivial_loss" (None:
-      unknown), "collapsed", "diverged", "baseline_diverged", "win_train", "win_eval", "win_speed"}`:
-      medians over seeds, floats.
+      unknown), "collapsed", "eval_exploded" (`held_out_exploded` on some seed), "diverged",
+      "baseline_diverged", "win_train", "win_eval", "win_speed"}`: medians over seeds, floats.
     """
     t = run["losses"].shape[-1]
     f_l, e_l = float(np.median(final_loss(run["losses"]))), float(np.median(run["evals"]))
@@ -268,6 +295,7 @@ def compare_runs(run: dict, base: dict, trivial_loss=None, margin: float = COLLA
            "initial_train": initial, "below_initial": bool(np.isfinite(f_l) and f_l < initial),
            "steps_to_reach": None, "baseline_steps_to_reach": None, "velodrome_steps": None,
            "trivial_loss": trivial, "collapsed": bool(collapsed(f_l, initial, trivial, margin)),
+           "eval_exploded": bool(np.any(held_out_exploded(run))),
            "diverged": diverged(run), "baseline_diverged": bool(base.get("diverged", False) or diverged(base))}
     if out["diverged"]:
         out.update(ratio_train=math.inf, ratio_eval=math.inf, speedup=0.0, velodrome_ratio=0.0)

@@ -205,3 +205,27 @@ def test_a_linear_regression_declares_the_mean_predictors_loss_and_a_flat_run_co
     assert all(f < i for f, i in zip(st["final"], st["initial"])) and protocol.stability(flat)["all_ok"]
     assert st["collapsed"] == [True, True] and not st["all_ok"]
     assert protocol.stability(trained, trivial)["collapsed"] == [False, False]
+
+
+def test_an_exploded_held_out_loss_is_flagged_per_seed_and_named_in_the_report():
+    """A finite held-out loss far above the untrained model's loss (weights blown up on unseen inputs)
+    is flagged, while the train loss looks healthy; the wins and ratios are unchanged by the flag."""
+    from outer_trainers.evaluation import report, scores
+    losses = np.tile(np.linspace(2.0, 0.01, 50), (3, 1))
+    fine = _run(losses, evals=[0.5, 0.6, 19.9])         # 19.9 < 10 x 2.0: over-fitting, not an explosion
+    blown = _run(losses, evals=[0.5, 2.9e9, 0.6])
+    assert scores.held_out_exploded(fine).tolist() == [False, False, False]
+    assert scores.held_out_exploded(blown).tolist() == [False, True, False]
+    assert scores.held_out_exploded(_run(losses, evals=[np.nan, np.inf, 0.1])).tolist() == [False, False, False]
+    assert scores.held_out_exploded(blown, factor=1e10).tolist() == [False, False, False]
+    base = _run(np.tile(np.linspace(2.0, 0.1, 50), (3, 1)), evals=[0.4, 0.4, 0.4])
+    c_blown, c_fine = protocol.compare_runs(blown, base), protocol.compare_runs(fine, base)
+    assert c_blown["eval_exploded"] and not c_fine["eval_exploded"] and not c_blown["diverged"]
+    assert c_blown["win_train"] and c_blown["ratio_eval"] == pytest.approx(0.6 / 0.4)  # medians: flag only
+    summary = {"learned vs adam": aggregate.summarize({"a": c_blown, "b": c_fine})}
+    assert summary["learned vs adam"]["eval_exploded"] == ["a"]
+    table = report.comparison_tables({"learned vs adam": {"a": c_blown, "b": c_fine}}, summary)
+    header, _, row = table.splitlines()[:3]
+    assert header.endswith("| collapsed on | held-out exploded on |") and row.endswith("| none | a |")
+    assert "| a | " in table and " (exploded) |" in table.split("| a | ")[1].splitlines()[0]
+    assert " (exploded)" not in table.split("| b | ")[1].splitlines()[0]
