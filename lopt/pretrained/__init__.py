@@ -15,9 +15,9 @@ max] steps; `load` warns past max). `DEPLOY_OPTIONS` holds the hyper-parameters 
 a meta-trained config (`info` reports them as "deploy_options"): safety options that leave theta
 as it is, applied only where measured not to change the held-out results materially (normmlp_v3:
 the overshoot brake, `NormMLPLOpt.overshoot_gain`; docs/pretrained.md has the measurements). This
-version ships "celo2_v2" and "celo2_v1" (Celo2LOpt: learned, Muon-orthogonalized matrix updates;
-celo2_v2 the best measured), "normmlp_v3" and "normmlp_v2"; docs/pretrained.md has their
-measurements and where they lose, tuned Muon above all.
+version ships "celo2_v4", "celo2_v2" and "celo2_v1" (Celo2LOpt: learned, Muon-orthogonalized matrix
+updates; celo2_v4 the best measured), "normmlp_v3" and "normmlp_v2"; docs/pretrained.md has their
+measurements and where they lose (long runs above all).
 """
 from __future__ import annotations
 

@@ -25,13 +25,13 @@ Suites (`names()`):
   the shipped recipes' meta-training families, on the same datasets (Fashion-MNIST at 7x7): for
   choosing among a run's checkpoints, so heldout-cpu stays a test set nothing was selected on.
 - smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
-- long-horizon-cpu: 7 small tasks at 10 000-20 000 steps, 5-10x the longest meta-training
-  horizon of the shipped optimizers (2000 steps): MLP autoencoders on digits (the 64-32-8-32-64
+- long-horizon-cpu: 7 small tasks at 10 000-20 000 steps, 5-10x the 2000-step meta-training
+  horizons of the shipped optimizers up to celo2_v2 (1-2x celo2_v4's 10 000): MLP autoencoders on digits (the 64-32-8-32-64
   ReLU one) and signals1d, MLPs on digits and signals1d, a digits convnet and an ill-conditioned
   least squares (condition number 10^4); 3 seeds each; built-in data only.
 - long-horizon-50k-cpu: long-horizon-cpu's 7 tasks at 5x their budgets (50 000-100 000 steps,
-  `long50k_...`), >= 5x a 10 000-step meta-training horizon; about 20 CPU-minutes against tuned
-  Adam.
+  `long50k_...`), >= 5x the longest meta-training horizon of the shipped optimizers (celo2_v4's
+  10 000 steps); about 15 CPU-minutes against tuned Adam.
 - lm-cpu: 5 byte-level LMs (transformers of width 16-48 and depth 1-2, LSTMs of width 64-96) on
   the procedural English-like text and on procedural arithmetic (`arithmetic_text`), 600-1000
   steps, 3 seeds each; no file.
