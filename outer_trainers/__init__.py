@@ -33,7 +33,8 @@ from outer_trainers.distributed import pbt_outer_train, pbt_reports, ray_outer_t
 __all__ = [
     "EstimatorSchedule",
     "TruncationSchedule", "TruncationState", "ConstantTruncationSchedule", "LogUniformTruncationSchedule",
-    "NeverEndingTruncationSchedule", "PowerLawTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState",
+    "NeverEndingTruncationSchedule", "PowerLawTruncationSchedule", "TruncatedStep", "StepOut", "LOptTruncatedStep",
+    "LOptInnerState",
     "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES",
     "GradientLearner", "LearnerState",
     "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",

@@ -111,12 +111,12 @@ def comparison_tables(comparisons: dict, summary: dict) -> str:
 
     Returns:
       Markdown: wins per metric, IQMs of the loss ratios, speedups and VeLOdrome ratios with their
-      95% stratified-bootstrap intervals, diverged, collapsed and held-out-exploded tasks; then, per pair, each task's
-      final train and held-out losses, ratios, the step at which the optimizer reaches the
-      baseline's final train loss, the speedup, and the steps the baseline needs to reach the
-      optimizer's final train loss (VeLOdrome; "> budget" when it does not within the budget)
-      ("diverged" for a diverged run, "(collapsed)" after a collapsed one's loss, "(exploded)" after an
-      exploded held-out loss).
+      95% stratified-bootstrap intervals, diverged, collapsed and held-out-exploded tasks; then, per
+      pair, each task's final train and held-out losses, ratios, the step at which the optimizer
+      reaches the baseline's final train loss, the speedup, and the steps the baseline needs to
+      reach the optimizer's final train loss (VeLOdrome; "> budget" when it does not within the
+      budget) ("diverged" for a diverged run, "(collapsed)" after a collapsed one's loss,
+      "(exploded)" after an exploded held-out loss).
     """
     num = format_number
     lines = ["| optimizer vs tuned baseline | tasks | wins: final train loss | wins: held-out loss | "

@@ -8,8 +8,7 @@ from outer_trainers.steps.lopt_truncated_step import LOptInnerState, LOptTruncat
 from outer_trainers.steps.truncated_step import StepOut, TruncatedStep
 from outer_trainers.steps.truncation_schedule import (ConstantTruncationSchedule, LogUniformTruncationSchedule,
                                                       NeverEndingTruncationSchedule, PowerLawTruncationSchedule,
-                                                      TruncationSchedule,
-                                                      TruncationState)
+                                                      TruncationSchedule, TruncationState)
 
 __all__ = ["TruncatedStep", "StepOut", "LOptTruncatedStep", "LOptInnerState", "TruncationSchedule", "TruncationState",
            "ConstantTruncationSchedule", "LogUniformTruncationSchedule", "NeverEndingTruncationSchedule",

@@ -89,6 +89,12 @@ class TruncationSchedule:
         return new, is_done
 
 
+def _check_lengths(min_length: int, max_length: int) -> None:
+    """Raises ValueError unless 1 <= min_length <= max_length (the random-length schedules' bounds)."""
+    if not 1 <= min_length <= max_length:
+        raise ValueError(f"need 1 <= min_length <= max_length, got {min_length}, {max_length}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ConstantTruncationSchedule(TruncationSchedule):
     """Every episode is `length` inner steps.
@@ -129,8 +135,7 @@ class LogUniformTruncationSchedule(TruncationSchedule):
     max_length: int = dataclasses.field()
 
     def __post_init__(self):
-        if not 1 <= self.min_length <= self.max_length:
-            raise ValueError(f"need 1 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
+        _check_lengths(self.min_length, self.max_length)
 
     def init(self, key, outer_state=None):
         del outer_state
@@ -153,9 +158,8 @@ class PowerLawTruncationSchedule(TruncationSchedule):
     u ~ U[0, 1):
 
         L = ⌊(a^c + u (b^c − a^c))^(1/c)⌋        (power ≠ 1)
-        L = ⌊a (b / a)^u⌋                           (power = 1)
 
-    clipped to [min_length, max_length].
+    clipped to [min_length, max_length]; power = 1 draws exactly as `LogUniformTruncationSchedule`.
 
     Args:
         min_length: the shortest episode, >= 1.
@@ -169,20 +173,17 @@ class PowerLawTruncationSchedule(TruncationSchedule):
     power: float = dataclasses.field()
 
     def __post_init__(self):
-        if not 1 <= self.min_length <= self.max_length:
-            raise ValueError(f"need 1 <= min_length <= max_length, got {self.min_length}, {self.max_length}")
+        _check_lengths(self.min_length, self.max_length)
         if not (math.isfinite(self.power) and self.power >= 0):
             raise ValueError(f"power must be finite and >= 0, got {self.power}")
 
     def init(self, key, outer_state=None):
+        if self.power == 1:
+            return LogUniformTruncationSchedule(self.min_length, self.max_length).init(key, outer_state)
         del outer_state
         u = jax.random.uniform(key, (), jnp.float32)
-        a, b = float(self.min_length), float(self.max_length + 1)
-        if self.power == 1:
-            length = a * (b / a) ** u
-        else:
-            c = 1.0 - self.power
-            length = (a ** c + u * (b ** c - a ** c)) ** (1.0 / c)
+        a, b, c = float(self.min_length), float(self.max_length + 1), 1.0 - self.power
+        length = (a ** c + u * (b ** c - a ** c)) ** (1.0 / c)
         length = jnp.clip(jnp.floor(length), self.min_length, self.max_length)
         return TruncationState(length=length.astype(jnp.int32))
 

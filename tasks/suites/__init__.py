@@ -26,8 +26,8 @@ Suites (`names()`):
   choosing among a run's checkpoints, so heldout-cpu stays a test set nothing was selected on.
 - smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
 - long-horizon-cpu: 7 small tasks at 10 000-20 000 steps, 5-10x the 2000-step meta-training
-  horizons of the shipped optimizers up to celo2_v2 (1-2x celo2_v4's 10 000): MLP autoencoders on digits (the 64-32-8-32-64
-  ReLU one) and signals1d, MLPs on digits and signals1d, a digits convnet and an ill-conditioned
+  horizons of the shipped optimizers up to celo2_v2 (1-2x celo2_v4's 10 000): MLP autoencoders
+  on digits (the 64-32-8-32-64 ReLU one) and signals1d, MLPs on digits and signals1d, a digits convnet and an ill-conditioned
   least squares (condition number 10^4); 3 seeds each; built-in data only.
 - long-horizon-50k-cpu: long-horizon-cpu's 7 tasks at 5x their budgets (50 000-100 000 steps,
   `long50k_...`), >= 5x the longest meta-training horizon of the shipped optimizers (celo2_v4's

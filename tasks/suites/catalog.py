@@ -83,8 +83,9 @@ _LONG_HORIZON_CPU = (
 )
 
 # long-horizon-cpu's tasks at 5x their budgets (50 000-100 000 steps): >= 5x a 10 000-step horizon.
-_LONG_HORIZON_50K_CPU = tuple(dataclasses.replace(t, name=t.name.replace("long_", "long50k_", 1), num_steps=5 * t.num_steps)
-                              for t in _LONG_HORIZON_CPU)
+_LONG_HORIZON_50K_CPU = tuple(
+    dataclasses.replace(t, name=t.name.replace("long_", "long50k_", 1), num_steps=5 * t.num_steps)
+    for t in _LONG_HORIZON_CPU)
 
 # Byte LMs of several sizes on the two procedural texts of tasks.suites.texts.
 _LM_CPU = (
