@@ -56,6 +56,29 @@ def progress_features(iteration: jax.Array, num_steps: Optional[Any]) -> jax.Arr
     return jnp.stack([jnp.minimum(t / n, 1.0), jnp.log1p(n) / 10.0, jnp.ones((), jnp.float32)])
 
 
+def horizon_scale(num_steps: Optional[Any], reference: int, power: float) -> jax.Array:
+    """min(1, N_ref/N)^α: a step-size factor for horizons beyond a reference horizon.
+
+    The optimal constant step size of a fixed-horizon run shrinks as the horizon grows (for
+    convex Lipschitz losses η* ∝ 1/√N, α = ½); a learned step-size head meta-trained on horizons
+    up to some N_max sees nothing of that beyond N_max. This factor is 1 up to N_ref and falls as
+    a power of N past it, so a learned schedule keeps its meta-trained values on the horizons it
+    was trained on and extrapolates by a fixed law past them.
+
+    Args:
+      num_steps: the horizon N (may be traced) or None.
+      reference: N_ref ≥ 0; 0 turns the factor off.
+      power: α ≥ 0.
+
+    Returns:
+      float32 []: min(1, N_ref/N)^α; 1 when `reference` is 0 or N is None.
+    """
+    if reference == 0 or num_steps is None:
+        return jnp.ones((), jnp.float32)
+    n = jnp.maximum(jnp.asarray(num_steps, jnp.float32), 1.0)
+    return jnp.minimum(1.0, reference / n) ** power
+
+
 def prior_schedule(name: str, iteration: jax.Array, num_steps: Optional[Any]) -> jax.Array:
     """σ(t, N), a fixed schedule over the horizon that a learned step size multiplies.
 

@@ -43,7 +43,9 @@ z = [emb(t) (T), progress(t, N) (3), loss features (2)] (`lopt.features`) and em
 
 Its output layer starts at zero, so a fresh theta steps at exactly `matrix_lr` and `adam_lr`; no
 theta moves η by more than a factor e^`log_lr_range` either way. With `schedule="cosine"` both
-multiply a fixed warm-up + cosine decay over the horizon N (`features.prior_schedule`). With `overshoot_gain` > 0 every
+multiply a fixed warm-up + cosine decay over the horizon N (`features.prior_schedule`); with
+`horizon_reference` N_ref > 0 both also multiply min(1, N_ref/N)^`horizon_power` (`features.horizon_scale`),
+a fixed law for horizons longer than the meta-trained ones. With `overshoot_gain` > 0 every
 step is scaled by `lopt.overshoot_brake`'s α_t ≤ 1.
 """
 from __future__ import annotations
@@ -123,6 +125,9 @@ class Celo2LOpt(LearnedOptimizer):
       overshoot_threshold: the brake's threshold in [0, 1).
       schedule: the prior schedule σ(t, N) both step sizes multiply (`features.prior_schedule`):
         "constant" or "cosine" (5% linear warm-up, cosine decay to 0 at the horizon N; 1 when N is None).
+      horizon_reference: N_ref of the horizon factor min(1, N_ref/N)^`horizon_power` both step sizes
+        multiply (`features.horizon_scale`): 1 up to N_ref, smaller on longer runs (0: off).
+      horizon_power: its α ≥ 0.
     """
 
     hidden_size: int = 8
@@ -140,6 +145,8 @@ class Celo2LOpt(LearnedOptimizer):
     overshoot_gain: float = 0.0
     overshoot_threshold: float = 0.15
     schedule: str = added_option("constant")
+    horizon_reference: int = added_option(0)
+    horizon_power: float = added_option(0.5)
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
@@ -153,6 +160,9 @@ class Celo2LOpt(LearnedOptimizer):
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         check_overshoot_options(self.overshoot_gain, self.overshoot_threshold)
+        if not (isinstance(self.horizon_reference, int) and self.horizon_reference >= 0 and self.horizon_power >= 0):
+            raise ValueError(f"horizon_reference must be an int >= 0 and horizon_power >= 0, got "
+                             f"{self.horizon_reference!r}, {self.horizon_power!r}")
         if self.schedule not in ft.SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {ft.SCHEDULES}")
 
@@ -259,7 +269,8 @@ class Celo2LOpt(LearnedOptimizer):
             ft.require_params(updates, params, "Celo2LOpt")
             loss_feats, loss_state = ft.loss_features(extra_args.get("loss"), state.loss_state)
             t = state.iteration
-            lrs = self.step_sizes(theta, t, num_steps, loss_feats) * ft.prior_schedule(self.schedule, t, num_steps)
+            lrs = (self.step_sizes(theta, t, num_steps, loss_feats) * ft.prior_schedule(self.schedule, t, num_steps)
+                   * ft.horizon_scale(num_steps, self.horizon_reference, self.horizon_power))
             roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
             treedef, gs, (ps, ms, vs, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment, roles)
             leaves = [update_leaf(g, p, m, v, r, t, lrs) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]

@@ -9,7 +9,8 @@ Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.mlp_lopt`), t 
     other:   Δp = −η_adam · (b / (√(v / (1 − β_v^(t+1))) + 1e-8) + λ p)
 
 (η_matrix, η_adam) = (matrix_lr, adam_lr) · exp(log_lr_range · tanh(s)), s from the step-size MLP
-on [emb(t), progress(t, N), loss features]. NS is optax's `orthogonalize_via_newton_schulz`
+on [emb(t), progress(t, N), loss features], times the prior schedule σ(t, N) and the horizon factor
+min(1, N_ref/N)^α (`horizon_reference`, `horizon_power`; 1 when off). NS is optax's `orthogonalize_via_newton_schulz`
 (`lopt.torch.norm_mlp_lopt.newton_schulz`: Frobenius pre-normalisation with eps 1e-8, 5 quintic
 steps, coefficients (3.4445, −4.7750, 2.0315), the wide orientation) of u read as the matrix
 [fan_in, fan_out] in JAX layout, and width_scale = √max(1, fan_out / fan_in)
@@ -47,6 +48,17 @@ def jax_role(kind: str, jax_shape: tuple) -> param_roles.ParamRole:
     if kind == "matrix":
         return param_roles.matrix(tuple(range(len(jax_shape) - 1)))
     return param_roles.ParamRole(kind)
+
+
+def horizon_scale(reference: int, power: float, ctx: Context, items) -> torch.Tensor:
+    """min(1, N_ref/N)^α per item, [L], as `lopt.features.horizon_scale`: 1 where N_ref is 0 or N unknown."""
+    ones = torch.ones_like(ctx.steps)
+    if reference == 0 or all(it.horizon is None for it in items):
+        return ones
+    n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
+    factor = torch.clamp(reference / n, max=1.0) ** power
+    known = torch.tensor([it.horizon is not None for it in items], device=ctx.device)
+    return torch.where(known, factor, ones)
 
 
 def orthogonalized_step(u: torch.Tensor, it: Item, role: param_roles.ParamRole) -> torch.Tensor:
@@ -94,7 +106,8 @@ class Celo2LOptRule(Rule):
         h = torch.relu(z @ lr["hidden"]["w"] + lr["hidden"]["b"])
         s = h @ lr["output"]["w"] + lr["output"]["b"]
         base = torch.tensor([lo.matrix_lr, lo.adam_lr], dtype=ctx.dtype, device=ctx.device)
-        return base * torch.exp(lo.log_lr_range * torch.tanh(s)) * prior_schedule(lo.schedule, ctx, items)[:, None]
+        sigma = prior_schedule(lo.schedule, ctx, items) * horizon_scale(lo.horizon_reference, lo.horizon_power, ctx, items)
+        return base * torch.exp(lo.log_lr_range * torch.tanh(s)) * sigma[:, None]
 
     def updates(self, items, ctx):
         lo, mlp = self.learned_opt, ctx.theta["mlp"]

@@ -149,3 +149,26 @@ def test_cosine_schedule_scales_both_step_sizes_and_leaves_celo2_v1_configs_unch
         if t == 0:
             chex.assert_trees_all_close(b[0], jax.tree_util.tree_map(lambda x: sigma * x, a[0]), rtol=2e-5, atol=1e-9)
     assert float(ft.prior_schedule("cosine", jnp.asarray(n), n)) == 0.0
+
+
+def test_horizon_factor_scales_steps_past_the_reference_only():
+    """horizon_reference N_ref: a run of N ≤ N_ref steps is the same as without it (bit for bit);
+    past N_ref every step is (N_ref/N)^α of it, on both paths; the default stays out of config()."""
+    from lopt import features as ft
+    base, hz = lopt.Celo2LOpt(schedule="cosine"), lopt.Celo2LOpt(schedule="cosine", horizon_reference=100,
+                                                                horizon_power=0.5)
+    assert "horizon_reference" not in base.config() and hz.config()["horizon_reference"] == 100
+    theta = base.init(jax.random.key(0))
+    params = _params()
+    for n in (40, 100):
+        chex.assert_trees_all_equal(_run(base.opt_fn(theta, num_steps=n), params, n=2),
+                                    _run(hz.opt_fn(theta, num_steps=n), params, n=2))
+    n = 400
+    a, b = _run(base.opt_fn(theta, num_steps=n), params, n=1), _run(hz.opt_fn(theta, num_steps=n), params, n=1)
+    chex.assert_trees_all_close(b[0], jax.tree_util.tree_map(lambda x: 0.5 * x, a[0]), rtol=2e-5, atol=1e-9)
+    np.testing.assert_allclose(float(ft.horizon_scale(10_000, 2000, 1.0)), 0.2, rtol=1e-6)
+    assert float(ft.horizon_scale(None, 2000, 1.0)) == 1.0 == float(ft.horizon_scale(50_000, 0, 0.5))
+    with pytest.raises(ValueError, match="horizon_reference"):
+        lopt.Celo2LOpt(horizon_reference=-1)
+    with pytest.raises(ValueError, match="horizon_power"):
+        lopt.Celo2LOpt(horizon_reference=10, horizon_power=-0.5)
