@@ -24,6 +24,9 @@ Suites (`names()`):
 - validation-cpu: 6 cheaper tasks (300-600 steps, 3 seeds) disjoint from heldout-cpu and from
   the shipped recipes' meta-training families, on the same datasets (Fashion-MNIST at 7x7): for
   choosing among a run's checkpoints, so heldout-cpu stays a test set nothing was selected on.
+- validation-long-cpu: validation-cpu's 6 tasks at 10 000 steps each (`val10k_...`): for choosing
+  what concerns long runs (a deployment option, a checkpoint for long horizons) on tasks that are
+  not the long-horizon suites'; about 10 CPU-minutes against tuned Adam and a learned optimizer.
 - smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
 - long-horizon-cpu: 7 small tasks at 10 000-20 000 steps, 5-10x the 2000-step meta-training
   horizons of the shipped optimizers up to celo2_v2 (1-2x celo2_v4's 10 000): MLP autoencoders

@@ -70,6 +70,11 @@ _VALIDATION_CPU = (
     _regression("val_regression_dim50_cond100", 50, 32, 500, condition=100.0),
 )
 
+# validation-cpu's tasks at 10 000 steps: for choosing what concerns long runs (checkpoints, deployment
+# options) on tasks that are not the long-horizon test suites'.
+_VALIDATION_LONG_CPU = tuple(
+    dataclasses.replace(t, name=t.name.replace("val_", "val10k_", 1), num_steps=10_000) for t in _VALIDATION_CPU)
+
 # 10 000-20 000 steps each: 5-10x the longest meta-training horizon of the shipped optimizers
 # (the 2000-step maximum unroll of scripts/configs/pretrained_*.gin). Built-in data only.
 _LONG_HORIZON_CPU = (
@@ -114,7 +119,7 @@ _HELDOUT_MLPS = tuple(t for t in _HELDOUT_CPU if t.kind == "image_mlp")
 _SCALING_CPU = tuple(_wider(t, 4) for t in _HELDOUT_MLPS) + tuple(_deeper(t, 3) for t in _HELDOUT_MLPS)
 
 _SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
-           "validation-cpu": _VALIDATION_CPU, "long-horizon-cpu": _LONG_HORIZON_CPU,
+           "validation-cpu": _VALIDATION_CPU, "validation-long-cpu": _VALIDATION_LONG_CPU, "long-horizon-cpu": _LONG_HORIZON_CPU,
            "long-horizon-50k-cpu": _LONG_HORIZON_50K_CPU, "lm-cpu": _LM_CPU,
            "scaling-cpu": _SCALING_CPU}
 

@@ -190,6 +190,9 @@ def test_new_suites_are_disjoint_from_the_test_and_validation_suites_and_name_ea
     assert not _static("long-horizon-cpu") & _static("lm-cpu") and not _static("lm-cpu") & _static("scaling-cpu")
     assert _static("long-horizon-50k-cpu") == _static("long-horizon-cpu")  # the same tasks, longer
     assert not _static("long-horizon-cpu") & _static("scaling-cpu")
+    # validation-cpu's tasks at 10 000 steps: nothing of a test suite
+    assert _static("validation-long-cpu") == _static("validation-cpu")
+    assert {t.num_steps for t in suites.get("validation-long-cpu")} == {10_000}
 
 
 def _longest_meta_training_horizon():
