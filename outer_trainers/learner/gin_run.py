@@ -48,7 +48,7 @@ RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.progre
                "train.max_staleness", "train.num_estimates_per_step", "train.validation_")
 # the arguments of `train` that describe the run's learner and estimators (what `GinRun` rebuilds on a worker)
 RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split", "theta_ema",
-            "theta_init")
+            "theta_init", "theta_init_changes")
 
 
 @gin.configurable
@@ -128,7 +128,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
           estimator_weights: Optional[Sequence[float]] = None, outer_opt: optax.GradientTransformation = gin.REQUIRED,
           num_steps: int = 100, seed: int = 0, meta_loss_split: Optional[str] = None,
           theta_ema: Optional[float] = None, theta_init: Optional[str] = None,
-          eval_num_tasks: int = 0, eval_num_steps: int = 200,
+          theta_init_changes: Sequence[str] = (), eval_num_tasks: int = 0, eval_num_steps: int = 200,
           eval_adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
           progress: Union[bool, str] = True, log_every: int = 1, tensorboard: bool = True, resume: bool = True,
           overwrite: bool = False, extend: bool = False,
@@ -176,6 +176,9 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
         "pretrained:NAME", a theta file or an outer_train checkpoint file, of the same architecture and
         config as `learned_opt` (`learner.meta_training_run.load_theta_init`). A resume continues from its
         checkpoint as always.
+      theta_init_changes: config fields of `learned_opt` that may differ from `theta_init`'s, e.g.
+        ["horizon_reference", "horizon_power"] to meta-train a shipped theta further under a new option
+        (its theta must keep its shapes).
       eval_num_tasks: held-out tasks of the final comparison with Adam (0: none).
       eval_num_steps: inner steps of each comparison run.
       eval_adam_lrs: Adam's learning-rate grid in the comparison.
@@ -238,7 +241,8 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     copies = worker_copies(num_workers, len(estimators))
     learner, ests = build_run(task_family=task_family, learned_opt=learned_opt, trunc_sched=trunc_sched,
                               estimators=estimators, outer_opt=outer_opt, meta_loss_split=meta_loss_split,
-                              copies=copies, theta_ema=theta_ema, theta_init=theta_init)
+                              copies=copies, theta_ema=theta_ema, theta_init=theta_init,
+                              theta_init_changes=theta_init_changes)
     on_ray = num_workers > 0
     evaluator = None
     if meta_eval_every > 0 and not on_ray:  # on Ray an evaluation actor builds its own (GinEvaluator)

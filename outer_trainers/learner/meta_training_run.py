@@ -27,11 +27,13 @@ through `outer_trainers` (like a user's script) and is not re-exported by `outer
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import optax
 
 import outer_trainers as ot
@@ -125,7 +127,8 @@ def worker_copies(num_workers: int, num_estimators: int) -> int:
 def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_sched: TruncationSchedule,
               estimators: Sequence[Callable], outer_opt: optax.GradientTransformation,
               meta_loss_split: Optional[str] = None, copies: int = 1,
-              theta_ema: Optional[float] = None, theta_init: Optional[str] = None) -> tuple:
+              theta_ema: Optional[float] = None, theta_init: Optional[str] = None,
+              theta_init_changes: Sequence[str] = ()) -> tuple:
     """The GradientLearner and the estimators of a run (nothing is compiled).
 
     Args:
@@ -139,6 +142,8 @@ def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_s
       theta_ema: the learner's moving average of theta (`GradientLearner(theta_ema=...)`; None: none).
       theta_init: where meta-training starts (`load_theta_init`): "pretrained:NAME", a theta file or an
         outer_train checkpoint file (None: `learned_opt.init(key)`).
+      theta_init_changes: config fields of `learned_opt` that may differ from `theta_init`'s
+        (`load_theta_init`).
 
     Returns:
       (GradientLearner, [estimator, ...]) with `copies * len(estimators)` estimators, all on one
@@ -148,12 +153,12 @@ def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_s
       ValueError: `theta_init` cannot be read or is a theta of another architecture or config.
     """
     step = ot.LOptTruncatedStep(task_family, learned_opt, trunc_sched, meta_loss_split=meta_loss_split)
-    start = None if theta_init is None else load_theta_init(theta_init, learned_opt)
+    start = None if theta_init is None else load_theta_init(theta_init, learned_opt, theta_init_changes)
     learner = ot.GradientLearner(learned_opt, outer_opt, theta_init=start, theta_ema=theta_ema)
     return learner, [make(step) for _ in range(copies) for make in estimators]
 
 
-def load_theta_init(spec: str, learned_opt: LearnedOptimizer) -> Any:
+def load_theta_init(spec: str, learned_opt: LearnedOptimizer, changes: Sequence[str] = ()) -> Any:
     """The theta a run starts from (fine-tuning a meta-trained optimizer): `train.theta_init = spec`.
 
     Args:
@@ -162,13 +167,17 @@ def load_theta_init(spec: str, learned_opt: LearnedOptimizer) -> Any:
         the average where the run averaged theta).
       learned_opt: the run's learned optimizer; the file's must be the same architecture with the same
         config, so that theta means the same update rule.
+      changes: config fields that may differ all the same (e.g. ("horizon_reference",
+        "horizon_power"): meta-train a theta further under a changed option); theta must still have
+        the shapes `learned_opt.init` gives.
 
     Returns:
       the theta, a pytree shaped like `learned_opt.init`'s.
 
     Raises:
-      ValueError: an unknown pretrained name, an unreadable file, or a theta of another architecture or config
-        (naming the config fields that differ).
+      ValueError: an unknown pretrained name, an unreadable file, a theta of another architecture, config
+        (naming the config fields that differ, other than `changes`) or shapes, or a name in `changes`
+        that is not a config field.
     """
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"train.theta_init must be 'pretrained:NAME' or a theta or checkpoint file path, got {spec!r}")
@@ -186,12 +195,24 @@ def load_theta_init(spec: str, learned_opt: LearnedOptimizer) -> Any:
     if saved_opt.name != learned_opt.name:
         raise ValueError(f"train.theta_init = {spec!r} is a theta of {saved_opt.name}, but the run meta-trains "
                          f"{learned_opt.name}")
+    fields = {f.name for f in dataclasses.fields(learned_opt)}
+    unknown = sorted(set(changes) - fields)
+    if unknown:
+        raise ValueError(f"train.theta_init_changes names {unknown}, not config fields of {learned_opt.name} "
+                         f"({sorted(fields)})")
     saved, run = saved_opt.config(), learned_opt.config()
-    differ = sorted(k for k in set(saved) | set(run) if saved.get(k) != run.get(k))
+    differ = sorted(k for k in set(saved) | set(run) if saved.get(k) != run.get(k) and k not in changes)
     if differ:
         raise ValueError(f"train.theta_init = {spec!r}: its {saved_opt.name} config differs from the run's in "
                          + ", ".join(f"{k} ({saved.get(k)!r} there, {run.get(k)!r} here)" for k in differ)
-                         + "; bind the run's learned optimizer to the file's config")
+                         + "; bind the run's learned optimizer to the file's config, or name the fields in "
+                         "train.theta_init_changes")
+    want = jax.eval_shape(learned_opt.init, jax.random.key(0))
+    got = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), theta)
+    if jax.tree_util.tree_structure(want) != jax.tree_util.tree_structure(got) or any(
+            a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got))):
+        raise ValueError(f"train.theta_init = {spec!r}: its theta is not shaped as the run's {learned_opt.name} "
+                         f"theta (with train.theta_init_changes = {list(changes)})")
     return theta
 
 

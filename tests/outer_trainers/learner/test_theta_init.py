@@ -76,6 +76,25 @@ def test_bad_starts_are_refused_naming_the_cause(tmp_path):
         load_theta_init(str(garbage), lopt.LearnableSGD(0.01))
 
 
+def test_named_config_changes_are_allowed_and_shapes_still_checked(tmp_path):
+    path = str(tmp_path / "start.msgpack")
+    lopt.save_theta(path, lopt.LearnableSGD(0.01), {"log_lr": np.asarray(-1.5, np.float32)})
+    theta = load_theta_init(path, lopt.LearnableSGD(0.02), changes=("learning_rate",))
+    np.testing.assert_array_equal(theta["log_lr"], -1.5)
+    with pytest.raises(ValueError, match=r"theta_init_changes names \['lr'\], not config fields of LearnableSGD"):
+        load_theta_init(path, lopt.LearnableSGD(0.02), changes=("lr",))
+    # a change that reshapes theta is refused even when named
+    small = lopt.Celo2LOpt(hidden_size=4)
+    lopt.save_theta(path, small, small.init(jax.random.key(0)))
+    with pytest.raises(ValueError, match="not shaped as the run's Celo2LOpt theta"):
+        load_theta_init(path, lopt.Celo2LOpt(hidden_size=8), changes=("hidden_size",))
+    # through gin: the run starts from the file's theta under its own learning_rate
+    lopt.save_theta(path, lopt.LearnableSGD(0.05), {"log_lr": np.asarray(-1.5, np.float32)})
+    run = _train(str(tmp_path / "run"), f"train.num_steps = 1\ntrain.theta_init = '{path}'\n"
+                 "train.theta_init_changes = ['learning_rate']\n")
+    assert abs(float(run.theta["log_lr"]) - (-1.5)) < 0.2
+
+
 def test_a_resume_with_another_start_is_refused(tmp_path):
     one, two = str(tmp_path / "one.msgpack"), str(tmp_path / "two.msgpack")
     lopt.save_theta(one, lopt.LearnableSGD(0.01), {"log_lr": np.asarray(-1.5, np.float32)})
