@@ -45,7 +45,10 @@ Its output layer starts at zero, so a fresh theta steps at exactly `matrix_lr` a
 theta moves η by more than a factor e^`log_lr_range` either way. With `schedule="cosine"` both
 multiply a fixed warm-up + cosine decay over the horizon N (`features.prior_schedule`); with
 `horizon_reference` N_ref > 0 both also multiply min(1, N_ref/N)^`horizon_power` (`features.horizon_scale`),
-a fixed law for horizons longer than the meta-trained ones. With `overshoot_gain` > 0 every
+a fixed law for horizons longer than the meta-trained ones, and the learned residual MLP(x)
+multiplies min(1, N_ref/N)^`residual_horizon_power`, so that past N_ref the direction returns
+towards Muon's (a fresh theta's), which is what the learned direction was trained to improve on
+short runs. With `overshoot_gain` > 0 every
 step is scaled by `lopt.overshoot_brake`'s α_t ≤ 1.
 """
 from __future__ import annotations
@@ -128,6 +131,8 @@ class Celo2LOpt(LearnedOptimizer):
       horizon_reference: N_ref of the horizon factor min(1, N_ref/N)^`horizon_power` both step sizes
         multiply (`features.horizon_scale`): 1 up to N_ref, smaller on longer runs (0: off).
       horizon_power: its α ≥ 0.
+      residual_horizon_power: β ≥ 0: the learned residual of the matrix direction times
+        min(1, N_ref/N)^β (0: unscaled; no effect without `horizon_reference`).
     """
 
     hidden_size: int = 8
@@ -147,6 +152,7 @@ class Celo2LOpt(LearnedOptimizer):
     schedule: str = added_option("constant")
     horizon_reference: int = added_option(0)
     horizon_power: float = added_option(0.5)
+    residual_horizon_power: float = added_option(0.0)
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
@@ -160,9 +166,10 @@ class Celo2LOpt(LearnedOptimizer):
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         check_overshoot_options(self.overshoot_gain, self.overshoot_threshold)
-        if not (isinstance(self.horizon_reference, int) and self.horizon_reference >= 0 and self.horizon_power >= 0):
-            raise ValueError(f"horizon_reference must be an int >= 0 and horizon_power >= 0, got "
-                             f"{self.horizon_reference!r}, {self.horizon_power!r}")
+        if not (isinstance(self.horizon_reference, int) and self.horizon_reference >= 0 and self.horizon_power >= 0
+                and self.residual_horizon_power >= 0):
+            raise ValueError(f"horizon_reference must be an int >= 0, horizon_power and residual_horizon_power >= 0, "
+                             f"got {self.horizon_reference!r}, {self.horizon_power!r}, {self.residual_horizon_power!r}")
         if self.schedule not in ft.SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {ft.SCHEDULES}")
 
@@ -245,7 +252,7 @@ class Celo2LOpt(LearnedOptimizer):
             return Celo2LOptState(momenta, jax.tree_util.tree_map(ft.zeros_like_f32, params),
                                   jnp.zeros((), jnp.int32), ft.init_loss_state())
 
-        def update_leaf(g, p, m, v, role, t, lrs):
+        def update_leaf(g, p, m, v, role, t, lrs, fade):
             shape, k = jnp.shape(p), len(self.decays)
             n = math.prod(shape)
             if n == 0:
@@ -256,8 +263,9 @@ class Celo2LOpt(LearnedOptimizer):
             nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
             if is_orthogonalized(role, shape):
                 u = (nesterov / (_rms(nesterov) + 1e-8)).reshape(-1)
-                u = u + normalized_feature_mlp(g32.reshape(-1), p32.reshape(-1), m.reshape(k, n), v.reshape(-1), idx,
-                                               first, later_layers, BLOCK)
+                r = normalized_feature_mlp(g32.reshape(-1), p32.reshape(-1), m.reshape(k, n), v.reshape(-1), idx,
+                                           first, later_layers, BLOCK)
+                u = u + (r if fade is None else fade * r)
                 step = lrs[0] * (width_scale(shape, role) * orthogonalize(u.reshape(shape), role)
                                  + self.weight_decay * p32)
             else:
@@ -271,9 +279,12 @@ class Celo2LOpt(LearnedOptimizer):
             t = state.iteration
             lrs = (self.step_sizes(theta, t, num_steps, loss_feats) * ft.prior_schedule(self.schedule, t, num_steps)
                    * ft.horizon_scale(num_steps, self.horizon_reference, self.horizon_power))
+            fade = None  # the learned residual's horizon factor, where one is set
+            if self.horizon_reference > 0 and self.residual_horizon_power > 0:
+                fade = ft.horizon_scale(num_steps, self.horizon_reference, self.residual_horizon_power)
             roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
             treedef, gs, (ps, ms, vs, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment, roles)
-            leaves = [update_leaf(g, p, m, v, r, t, lrs) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
+            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state)
 

@@ -10,7 +10,8 @@ Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.mlp_lopt`), t 
 
 (η_matrix, η_adam) = (matrix_lr, adam_lr) · exp(log_lr_range · tanh(s)), s from the step-size MLP
 on [emb(t), progress(t, N), loss features], times the prior schedule σ(t, N) and the horizon factor
-min(1, N_ref/N)^α (`horizon_reference`, `horizon_power`; 1 when off). NS is optax's `orthogonalize_via_newton_schulz`
+min(1, N_ref/N)^α (`horizon_reference`, `horizon_power`; 1 when off); MLP(x) times
+min(1, N_ref/N)^`residual_horizon_power` where that is set. NS is optax's `orthogonalize_via_newton_schulz`
 (`lopt.torch.norm_mlp_lopt.newton_schulz`: Frobenius pre-normalisation with eps 1e-8, 5 quintic
 steps, coefficients (3.4445, −4.7750, 2.0315), the wide orientation) of u read as the matrix
 [fan_in, fan_out] in JAX layout, and width_scale = √max(1, fan_out / fan_in)
@@ -122,6 +123,9 @@ class Celo2LOptRule(Rule):
         bc_m = 1.0 - common.pow_f32(beta, t1 + 1.0, ctx.dtype)  # the momentum's, one step ahead (Nesterov)
         bc_g = 1.0 - common.pow_f32(beta, t1, ctx.dtype)
         bc_v = 1.0 - common.pow_f32(lo.rms_decay, t1, ctx.dtype)
+        fade = None  # the learned residual's horizon factor per item, where one is set
+        if lo.horizon_reference > 0 and lo.residual_horizon_power > 0:
+            fade = horizon_scale(lo.horizon_reference, lo.residual_horizon_power, ctx, items)
         for i, it in enumerate(items):
             shape = tuple(it.param.shape)
             if it.param.numel() == 0:
@@ -139,8 +143,8 @@ class Celo2LOptRule(Rule):
                 nesterov.div_(torch.sqrt(torch.mean(torch.square(nesterov))) + 1e-8)
                 w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + common.EPS)[:, None]).t().contiguous()
 
-                def direction(o, s, e, out):  # b / (rms(b) + 1e-8) + MLP(x)
-                    torch.add(nesterov[s:e], o[0], out=out)
+                def direction(o, s, e, out):  # b / (rms(b) + 1e-8) + MLP(x) (times the fade)
+                    torch.add(nesterov[s:e], o[0] if fade is None else o[0] * fade[i], out=out)
 
                 u = leaf.mlp_map([(w1t, mlp["input"]["b"])] + rest, direction)
                 step = orthogonalized_step(u, it, role)

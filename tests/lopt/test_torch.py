@@ -140,7 +140,8 @@ CONFIGS = {
     "celo2_residual_1_weight_decay_3_layers": lopt.Celo2LOpt(residual_init=1.0, weight_decay=0.1, hidden_layers=3),
     "celo2_cosine": lopt.Celo2LOpt(schedule="cosine"),
     # the horizon factor at STEPS = 100 past a reference of 40: every step ×(0.4)^0.7 ≈ 0.53
-    "celo2_cosine_horizon": lopt.Celo2LOpt(schedule="cosine", horizon_reference=40, horizon_power=0.7),
+    "celo2_cosine_horizon": lopt.Celo2LOpt(schedule="cosine", horizon_reference=40, horizon_power=0.7,
+                                           residual_init=1.0, residual_horizon_power=0.5),
 }
 
 

@@ -172,3 +172,23 @@ def test_horizon_factor_scales_steps_past_the_reference_only():
         lopt.Celo2LOpt(horizon_reference=-1)
     with pytest.raises(ValueError, match="horizon_power"):
         lopt.Celo2LOpt(horizon_reference=10, horizon_power=-0.5)
+    with pytest.raises(ValueError, match="residual_horizon_power"):
+        lopt.Celo2LOpt(horizon_reference=10, residual_horizon_power=-1.0)
+
+
+def test_residual_horizon_power_scales_the_learned_residual_past_the_reference():
+    """residual_horizon_power β: past N_ref the update is the one whose theta has the MLP's output layer
+    times (N_ref/N)^β (the residual is linear in it); up to N_ref it is the update without the option."""
+    plain = lopt.Celo2LOpt(residual_init=1.0)
+    fading = lopt.Celo2LOpt(residual_init=1.0, horizon_reference=100, horizon_power=0.0, residual_horizon_power=1.0)
+    theta = plain.init(jax.random.key(3))
+    scaled = jax.tree_util.tree_map(lambda x: x, theta)
+    scaled["mlp"]["output"] = jax.tree_util.tree_map(lambda x: 0.25 * x, theta["mlp"]["output"])
+    params = _params()
+    chex.assert_trees_all_close(_run(fading.opt_fn(theta, num_steps=400), params, n=3),
+                                _run(plain.opt_fn(scaled, num_steps=400), params, n=3), rtol=2e-5, atol=1e-7)
+    chex.assert_trees_all_equal(_run(fading.opt_fn(theta, num_steps=100), params, n=2),
+                                _run(plain.opt_fn(theta, num_steps=100), params, n=2))
+    # the residual matters at this theta, so the comparison above can fail
+    assert not np.allclose(_run(plain.opt_fn(theta, num_steps=400), params, n=1)[0]["hidden"]["kernel"],
+                           _run(plain.opt_fn(scaled, num_steps=400), params, n=1)[0]["hidden"]["kernel"], atol=1e-4)
