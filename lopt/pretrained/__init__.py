@@ -14,7 +14,8 @@ tuned Adam (including where it loses), the licence and the SHA-256 of the theta 
 max] steps; `load` warns past max). `DEPLOY_OPTIONS` holds the hyper-parameters `load` changes from
 a meta-trained config (`info` reports them as "deploy_options"): safety options that leave theta
 as it is, applied only where measured not to change the held-out results materially (normmlp_v3:
-the overshoot brake, `NormMLPLOpt.overshoot_gain`; docs/pretrained.md has the measurements). This
+the overshoot brake, `NormMLPLOpt.overshoot_gain`; celo2_v4: the horizon rule for runs longer than
+2000 steps, `Celo2LOpt.horizon_reference`; docs/pretrained.md has the measurements). This
 version ships "celo2_v4", "celo2_v2" and "celo2_v1" (Celo2LOpt: learned, Muon-orthogonalized matrix
 updates; celo2_v4 the best measured), "normmlp_v3" and "normmlp_v2"; docs/pretrained.md has their
 measurements and where they lose (long runs above all).
@@ -45,8 +46,12 @@ REQUIRED_INFO = ("name", "architecture", "gin_config", "command", "git_commit", 
 #: the overshoot brake, which ends the digits autoencoder's collapse; on heldout-cpu no win or loss
 #: against tuned Adam changed and final train losses moved by -10% to +16%. Not for normmlp_v2, whose
 #: held-out figures it moved materially (digits_conv_8x16_relu 4.7x higher, text_lstm_h48 +42%).
-#: docs/pretrained.md has both measurements.
-DEPLOY_OPTIONS = {"normmlp_v3": {"overshoot_gain": 0.2}}
+#: docs/pretrained.md has both measurements. For celo2_v4 the horizon rule (`Celo2LOpt.horizon_reference`):
+#: past 2000 steps both step sizes times 2000/N and the learned residual of the matrix direction times
+#: (2000/N)^2. It is 1 on every run of at most 2000 steps (every heldout-cpu, lm-cpu and scaling-cpu
+#: budget: those results are unchanged, bit for bit); the exponents were chosen on validation-long-cpu.
+DEPLOY_OPTIONS = {"normmlp_v3": {"overshoot_gain": 0.2},
+                  "celo2_v4": {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0}}
 
 
 def names() -> list[str]:

@@ -130,3 +130,34 @@ def test_a_horizon_past_the_meta_training_ones_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         lopt.pretrained.load("normmlp_v3", num_steps=longest)
+
+
+def test_celo2_v4_is_deployed_with_the_horizon_rule_that_leaves_runs_up_to_2000_steps_as_they_were():
+    """load("celo2_v4") applies DEPLOY_OPTIONS' horizon rule: on a run of ≤ 2000 steps every update is
+    the meta-trained config's, bit for bit (so the heldout-cpu, lm-cpu and scaling-cpu figures stand);
+    on a longer run the steps are smaller."""
+    options = {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0}
+    assert lopt.pretrained.info("celo2_v4")["deploy_options"] == options
+    meta_trained, theta = lopt.pretrained.load_learned_optimizer_by_name("celo2_v4")
+    assert lopt.pretrained.deployed_learned_optimizer("celo2_v4")[0] == type(meta_trained)(
+        **{**meta_trained.config(), **options})
+    params = {"w1": jax.random.normal(jax.random.key(0), (8, 16)) * 0.3, "b1": np.zeros(16, np.float32),
+              "w2": jax.random.normal(jax.random.key(1), (16, 4)) * 0.3}
+
+    def run(tx, n=3):
+        state, p, out = tx.init(params), params, []
+        for i in range(n):
+            grads = jax.tree_util.tree_map(lambda x: np.cos(3.0 * x + i), p)
+            u, state = tx.update(grads, state, p, loss=1.0 / (i + 1))
+            p = optax.apply_updates(p, u)
+            out.append(u)
+        return out
+
+    for n in (600, 2000):
+        for a, b in zip(run(lopt.pretrained.load("celo2_v4", num_steps=n)), run(meta_trained.opt_fn(theta, num_steps=n))):
+            for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+                np.testing.assert_array_equal(x, y)
+    with pytest.warns(UserWarning, match="outside them"):
+        long = run(lopt.pretrained.load("celo2_v4", num_steps=20_000), n=1)[0]
+    plain = run(meta_trained.opt_fn(theta, num_steps=20_000), n=1)[0]
+    assert float(np.linalg.norm(long["w1"])) < 0.2 * float(np.linalg.norm(plain["w1"]))
