@@ -33,7 +33,6 @@ import os
 from typing import Any, Callable, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
 import optax
 
 import outer_trainers as ot
@@ -207,12 +206,7 @@ def load_theta_init(spec: str, learned_opt: LearnedOptimizer, changes: Sequence[
                          + ", ".join(f"{k} ({saved.get(k)!r} there, {run.get(k)!r} here)" for k in differ)
                          + "; bind the run's learned optimizer to the file's config, or name the fields in "
                          "train.theta_init_changes")
-    want = jax.eval_shape(learned_opt.init, jax.random.key(0))
-    got = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x)), theta)
-    if jax.tree_util.tree_structure(want) != jax.tree_util.tree_structure(got) or any(
-            a.shape != b.shape for a, b in zip(jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(got))):
-        raise ValueError(f"train.theta_init = {spec!r}: its theta is not shaped as the run's {learned_opt.name} "
-                         f"theta (with train.theta_init_changes = {list(changes)})")
+    learned_opt.check_theta(theta, f"train.theta_init = {spec!r} (train.theta_init_changes = {list(changes)})")
     return theta
 
 

@@ -86,7 +86,7 @@ def test_named_config_changes_are_allowed_and_shapes_still_checked(tmp_path):
     # a change that reshapes theta is refused even when named
     small = lopt.Celo2LOpt(hidden_size=4)
     lopt.save_theta(path, small, small.init(jax.random.key(0)))
-    with pytest.raises(ValueError, match="not shaped as the run's Celo2LOpt theta"):
+    with pytest.raises(ValueError, match=r"train.theta_init_changes = \['hidden_size'\]\): theta does not match the structure"):
         load_theta_init(path, lopt.Celo2LOpt(hidden_size=8), changes=("hidden_size",))
     # through gin: the run starts from the file's theta under its own learning_rate
     lopt.save_theta(path, lopt.LearnableSGD(0.05), {"log_lr": np.asarray(-1.5, np.float32)})
