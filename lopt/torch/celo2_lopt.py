@@ -36,7 +36,7 @@ from lopt.orthogonal.newton_schulz import width_scale
 from lopt.torch import common
 from lopt.torch.layout import inverse_axes
 from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
-from lopt.torch.norm_mlp_lopt import newton_schulz, prior_schedule, role_of
+from lopt.torch.norm_mlp_lopt import item_horizons, newton_schulz, prior_schedule, role_of
 from lopt.torch.overshoot_brake import OvershootBrake
 from lopt.torch.rule import Context, Item, Rule, register
 
@@ -56,10 +56,8 @@ def horizon_scale(reference: int, power: float, ctx: Context, items) -> torch.Te
     ones = torch.ones_like(ctx.steps)
     if reference == 0 or all(it.horizon is None for it in items):
         return ones
-    n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
-    factor = torch.clamp(reference / n, max=1.0) ** power
-    known = torch.tensor([it.horizon is not None for it in items], device=ctx.device)
-    return torch.where(known, factor, ones)
+    n, known = item_horizons(ctx, items)
+    return torch.where(known, torch.clamp(reference / n, max=1.0) ** power, ones)
 
 
 def orthogonalized_step(u: torch.Tensor, it: Item, role: param_roles.ParamRole) -> torch.Tensor:

@@ -69,12 +69,17 @@ def prior_schedule(name: str, ctx: Context, items) -> torch.Tensor:
     ones = torch.ones_like(ctx.steps)
     if name == "constant" or all(it.horizon is None for it in items):
         return ones
-    n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
+    n, known = item_horizons(ctx, items)
     t = ctx.steps
     warm = torch.clamp((t + 1.0) / torch.clamp(torch.ceil(WARMUP_FRACTION * n), min=1.0), max=1.0)
     sched = warm * 0.5 * (1.0 + torch.cos(math.pi * torch.clamp(t / n, max=1.0)))
-    known = torch.tensor([it.horizon is not None for it in items], device=ctx.device)
     return torch.where(known, sched, ones)
+
+
+def item_horizons(ctx: Context, items) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each item's horizon N as a float ≥ 1 ([L]; 1 where unknown) and whether it is known ([L] bool)."""
+    n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
+    return n, torch.tensor([it.horizon is not None for it in items], device=ctx.device)
 
 
 def role_of(param: torch.Tensor, role=None) -> str:
