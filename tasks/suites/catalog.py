@@ -118,8 +118,15 @@ def _deeper(t: SuiteTask, factor: int) -> SuiteTask:
 _HELDOUT_MLPS = tuple(t for t in _HELDOUT_CPU if t.kind == "image_mlp")
 _SCALING_CPU = tuple(_wider(t, 4) for t in _HELDOUT_MLPS) + tuple(_deeper(t, 3) for t in _HELDOUT_MLPS)
 
+# validation-cpu's image MLPs 4x wider and 3x deeper: for choosing what concerns wider and deeper nets
+# (checkpoints, recipe variants) on tasks that are not scaling-cpu's.
+_VALIDATION_MLPS = tuple(t for t in _VALIDATION_CPU if t.kind == "image_mlp")
+_VALIDATION_SCALING_CPU = (tuple(_wider(t, 4) for t in _VALIDATION_MLPS)
+                           + tuple(_deeper(t, 3) for t in _VALIDATION_MLPS))
+
 _SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
-           "validation-cpu": _VALIDATION_CPU, "validation-long-cpu": _VALIDATION_LONG_CPU, "long-horizon-cpu": _LONG_HORIZON_CPU,
+           "validation-cpu": _VALIDATION_CPU, "validation-long-cpu": _VALIDATION_LONG_CPU,
+           "validation-scaling-cpu": _VALIDATION_SCALING_CPU, "long-horizon-cpu": _LONG_HORIZON_CPU,
            "long-horizon-50k-cpu": _LONG_HORIZON_50K_CPU, "lm-cpu": _LM_CPU,
            "scaling-cpu": _SCALING_CPU}
 

@@ -193,6 +193,9 @@ def test_new_suites_are_disjoint_from_the_test_and_validation_suites_and_name_ea
     # validation-cpu's tasks at 10 000 steps: nothing of a test suite
     assert _static("validation-long-cpu") == _static("validation-cpu")
     assert {t.num_steps for t in suites.get("validation-long-cpu")} == {10_000}
+    # validation-cpu's MLPs wider and deeper: none of them is a scaling-cpu (or other test suite) task
+    tests = _static("heldout-cpu-mnist") | _static("scaling-cpu") | _static("long-horizon-cpu") | _static("lm-cpu")
+    assert not _static("validation-scaling-cpu") & tests
 
 
 def _longest_meta_training_horizon():
@@ -274,10 +277,13 @@ def test_arithmetic_text_is_fixed_and_every_line_is_right():
         suites._text_source("nope", 4, 8)
 
 
-def test_scaling_suite_is_heldout_cpus_mlps_4x_wider_and_3x_deeper(reads_no_dataset_file):
-    heldout = {t.name: t for t in suites.get("heldout-cpu") if t.kind == "image_mlp"}
-    scaled = {t.name: t for t in suites.get("scaling-cpu")}
-    assert len(heldout) == 6 and set(scaled) == {f"{n}_x4wide" for n in heldout} | {f"{n}_x3deep" for n in heldout}
+@pytest.mark.parametrize("base_suite, scaled_suite", [("heldout-cpu", "scaling-cpu"),
+                                                       ("validation-cpu", "validation-scaling-cpu")])
+def test_scaling_suites_are_their_base_suites_mlps_4x_wider_and_3x_deeper(base_suite, scaled_suite,
+                                                                          reads_no_dataset_file):
+    heldout = {t.name: t for t in suites.get(base_suite) if t.kind == "image_mlp"}
+    scaled = {t.name: t for t in suites.get(scaled_suite)}
+    assert len(heldout) >= 3 and set(scaled) == {f"{n}_x4wide" for n in heldout} | {f"{n}_x3deep" for n in heldout}
     for name, base in heldout.items():
         hidden = dict(base.arch)["hidden_sizes"]
         wide, deep = scaled[f"{name}_x4wide"], scaled[f"{name}_x3deep"]
