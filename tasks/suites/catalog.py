@@ -113,16 +113,17 @@ def _deeper(t: SuiteTask, factor: int) -> SuiteTask:
     return dataclasses.replace(t, name=f"{t.name}_x{factor}deep", arch=_canonical(arch))
 
 
-# heldout-cpu's image MLPs with every hidden layer 4x wider, and with every hidden layer repeated 3x
-# (3x deeper); the same datasets, batch sizes and budgets.
-_HELDOUT_MLPS = tuple(t for t in _HELDOUT_CPU if t.kind == "image_mlp")
-_SCALING_CPU = tuple(_wider(t, 4) for t in _HELDOUT_MLPS) + tuple(_deeper(t, 3) for t in _HELDOUT_MLPS)
+def _scaled_mlps(suite: tuple[SuiteTask, ...]) -> tuple[SuiteTask, ...]:
+    """`suite`'s image MLPs with every hidden layer 4x wider, then with every hidden layer repeated 3x
+    (3x deeper); the same datasets, batch sizes and budgets."""
+    mlps = tuple(t for t in suite if t.kind == "image_mlp")
+    return tuple(_wider(t, 4) for t in mlps) + tuple(_deeper(t, 3) for t in mlps)
 
-# validation-cpu's image MLPs 4x wider and 3x deeper: for choosing what concerns wider and deeper nets
-# (checkpoints, recipe variants) on tasks that are not scaling-cpu's.
-_VALIDATION_MLPS = tuple(t for t in _VALIDATION_CPU if t.kind == "image_mlp")
-_VALIDATION_SCALING_CPU = (tuple(_wider(t, 4) for t in _VALIDATION_MLPS)
-                           + tuple(_deeper(t, 3) for t in _VALIDATION_MLPS))
+
+_SCALING_CPU = _scaled_mlps(_HELDOUT_CPU)
+# validation-cpu's scaled MLPs: for choosing what concerns wider and deeper nets (checkpoints, recipe
+# variants) on tasks that are not scaling-cpu's.
+_VALIDATION_SCALING_CPU = _scaled_mlps(_VALIDATION_CPU)
 
 _SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
            "validation-cpu": _VALIDATION_CPU, "validation-long-cpu": _VALIDATION_LONG_CPU,

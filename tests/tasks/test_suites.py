@@ -281,10 +281,11 @@ def test_arithmetic_text_is_fixed_and_every_line_is_right():
                                                        ("validation-cpu", "validation-scaling-cpu")])
 def test_scaling_suites_are_their_base_suites_mlps_4x_wider_and_3x_deeper(base_suite, scaled_suite,
                                                                           reads_no_dataset_file):
-    heldout = {t.name: t for t in suites.get(base_suite) if t.kind == "image_mlp"}
+    base_mlps = {t.name: t for t in suites.get(base_suite) if t.kind == "image_mlp"}
     scaled = {t.name: t for t in suites.get(scaled_suite)}
-    assert len(heldout) >= 3 and set(scaled) == {f"{n}_x4wide" for n in heldout} | {f"{n}_x3deep" for n in heldout}
-    for name, base in heldout.items():
+    assert len(base_mlps) >= 3
+    assert set(scaled) == {f"{n}_x4wide" for n in base_mlps} | {f"{n}_x3deep" for n in base_mlps}
+    for name, base in base_mlps.items():
         hidden = dict(base.arch)["hidden_sizes"]
         wide, deep = scaled[f"{name}_x4wide"], scaled[f"{name}_x3deep"]
         assert dict(wide.arch)["hidden_sizes"] == tuple(4 * h for h in hidden)
