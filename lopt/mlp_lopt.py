@@ -19,7 +19,8 @@ constant over a tensor, so its first-layer contribution is computed once per upd
 a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS normalisation is
 folded into the first layer's rows, W1' = diag(1/rms) W1, so features are never rescaled. A
 tensor of n ≥ `column_min_size` parameters is processed in blocks of c = `chunk_size`
-parameters, by default `features.block_size(n)` (a function of n alone); the last block overlaps
+parameters, by default `features.block_size(n)` (a function of n alone on the CPU, up to 2^22
+on an accelerator); the last block overlaps
 the one before it, so every block is full. Each block's [F, c] features are formed from slices
 of the accumulators and the MLP runs on them column-major, h = relu(W1'ᵀ x + b), writing the
 block's update in place: no [F, n] feature array or [H, n] activation exists. The sums of

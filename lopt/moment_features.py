@@ -139,7 +139,7 @@ def normalized_feature_mlp(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Arra
       mom_idx: the index of m_0.9 (`momentum_index`).
       first: (W₁ [F, H], b₁ [H]), the first layer (b₁ may carry per-tensor terms, e.g. a step embedding).
       rest: [(W [in, out], b [out]), ...], the later layers, ReLU between them; the last has one output.
-      block: elements per block.
+      block: elements per block on the CPU (on an accelerator, `features.platform_block`'s).
 
     Returns:
       float32 [n]: the MLP's output per element.
@@ -147,7 +147,7 @@ def normalized_feature_mlp(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Arra
     n = g.shape[0]
     rms_inv = jax.lax.rsqrt(feature_sum_squares(g, p, m, v, mom_idx) / n + ft.EPS)
     layers = [(first[0] * rms_inv[:, None], first[1])] + list(rest)
-    c = min(block, n)
+    c = min(ft.platform_block(block), n)
 
     def one(start):
         sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)

@@ -335,3 +335,35 @@ def test_donated_train_step_updates_the_state_in_place(arch):
 
     hlo = jax.jit(train_step, donate_argnums=(0, 1)).lower(params, tx.init(params), grads_for(params, 0)).compile()
     assert _copies_shaped_like(hlo.as_text(), params["w"].shape) == []
+
+
+def test_accelerator_blocks_do_not_change_updates(arch, monkeypatch):
+    """Where jax computes on an accelerator (`features.on_accelerator`), the per-parameter MLPs run
+    on blocks of up to 2^22 parameters and the sums over whole tensors: on a 128 x 160 matrix (the
+    CPU's blocks: 20 of 1024 for `features.block_size`, 2 of 16384 for Celo2LOpt and NormMLPLOpt)
+    the updates over two steps are the CPU-blocked ones up to float32 rounding, and the
+    architectures that loop over blocks on the CPU trace no loop there."""
+    from lopt import features as ft
+    lo, theta = arch
+    k1, k2 = jax.random.split(jax.random.key(3))
+    params = {"w": jax.random.normal(k1, (128, 160)) / 12.0, "b": jax.random.normal(k2, (160,))}
+
+    def steps():
+        tx = lo.opt_fn(theta)
+        step = jax.jit(lambda g, s, p: tx.update(g, s, p, loss=jnp.asarray(0.5)))  # a fresh jit: no shared cache
+        state, out = tx.init(params), []
+        for i in range(2):
+            u, state = step(grads_for(params, i), state, params)
+            out.append(u)
+        jaxpr = str(jax.make_jaxpr(step)(grads_for(params, 0), tx.init(params), params))
+        return out, jaxpr.count("while[") + jaxpr.count("scan[")
+
+    monkeypatch.setattr(ft, "on_accelerator", lambda: False)
+    cpu, cpu_loops = steps()
+    monkeypatch.setattr(ft, "on_accelerator", lambda: True)
+    accelerator, accelerator_loops = steps()
+    assert float(jnp.abs(cpu[-1]["w"]).max()) > 1e-5  # not a trivially tiny update
+    chex.assert_trees_all_close(accelerator, cpu, rtol=2e-5, atol=1e-7)
+    assert accelerator_loops <= cpu_loops
+    if type(lo).__name__ in {"MLPLOpt", "NormMLPLOpt", "Celo2LOpt"}:  # the per-parameter MLPs in blocks
+        assert accelerator_loops < cpu_loops, (cpu_loops, accelerator_loops)

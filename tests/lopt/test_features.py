@@ -75,3 +75,18 @@ def test_blockwise_map_is_the_same_in_every_block_size(n, c):
     xs = jnp.stack([x, 2 * x])
     got = jax.jit(jax.vmap(lambda x: ft.blockwise_map(fn(x), n, c, 2, like=x[0])))(xs)
     chex.assert_trees_all_close(got, jnp.stack([whole, jnp.tanh(w @ (2 * x))]), rtol=1e-6, atol=1e-7)
+
+
+def test_accelerator_blocks(monkeypatch):
+    """On an accelerator: blocks of up to 2^22 parameters for the per-parameter MLPs, whatever the
+    CPU block asked for, and each sum over a whole tensor at once. This suite's machine is a CPU."""
+    assert ft.on_accelerator() == (jax.default_backend() != "cpu")
+    monkeypatch.setattr(ft, "on_accelerator", lambda: True)
+    assert [ft.block_size(n) for n in (1, 2048, 6_291_456, 50_000_000)] == [1, 2048, 4_194_304, 4_194_304]
+    assert ft.platform_block(16384) == ft.ACCELERATOR_BLOCK == 1 << 22
+    sizes = []
+    x = jnp.ones((1, 100))
+    total = ft.blockwise_sum(_sum_of_squares(x, sizes), 100, c=2, min_blocks=2)
+    assert sizes == [100] and float(total[0]) == 100.0
+    monkeypatch.setattr(ft, "on_accelerator", lambda: False)
+    assert ft.block_size(6_291_456) == ft.MAX_BLOCK and ft.platform_block(16384) == 16384
