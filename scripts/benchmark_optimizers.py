@@ -21,7 +21,8 @@ Its GEMM floor is measured instead: the time of its three GEMMs alone,
 (`gemm_floor_call`, writing into a donated buffer like the train step), timed interleaved with
 the optimizers at each block size of `GEMM_BLOCKS`; the floor is the fastest of them
 (`best_gemm_floor`), i.e. at the throughput this machine reaches for those shapes.
-The result replaces the "## Optimizer step" section of docs/benchmarks.md (other sections kept).
+The result replaces the "## Optimizer step" section of docs/benchmarks.md (other sections kept), or
+the section `--title` names (e.g. "## Optimizer step (GPU)" for figures from a GPU).
 """
 from __future__ import annotations
 
@@ -67,13 +68,14 @@ def model_params(widths: Sequence[int], key: jax.Array) -> dict:
 def optimizers() -> dict[str, optax.GradientTransformation]:
     """The benchmarked optimizers by name: optax.adam(1e-3), optax.contrib.muon(0.02) (Newton–Schulz
     on the weight matrices, Adam on the biases), each learned optimizer at its initial theta, and the
-    shipped meta-trained optimizer a user loads (`lopt.pretrained.load("normmlp_v3")`, a NormMLPLOpt;
-    told a horizon of 1000 steps)."""
+    shipped meta-trained optimizers a user loads (`lopt.pretrained.load(name, num_steps=1000)`:
+    "normmlp_v3", a NormMLPLOpt, and "celo2_v4", a Celo2LOpt)."""
     out = {"optax.adam": optax.adam(1e-3), "optax.contrib.muon": optax.contrib.muon(0.02)}
     for lo in [lopt.MLPLOpt(), lopt.AdafacMLPLOpt(), lopt.RNNMLPLOpt(), lopt.NNAdam(), lopt.HyperLOpt(),
                lopt.Celo2LOpt()]:
         out[lo.name] = lo.opt_fn(lo.init(jax.random.key(0)))
-    out["pretrained:normmlp_v3"] = lopt.pretrained.load("normmlp_v3", num_steps=1000)
+    for name in ["normmlp_v3", "celo2_v4"]:
+        out[f"pretrained:{name}"] = lopt.pretrained.load(name, num_steps=1000)
     return out
 
 
@@ -241,8 +243,18 @@ def best_gemm_floor(lo: lopt.MLPLOpt, n: int, floors: dict[int, float]) -> tuple
     return best, floors[best], 2 * mlp_lopt_macs(lo) * n / floors[best]
 
 
+def machine() -> str:
+    """Where the benchmark runs, in words: the accelerator JAX computes on (if any), the CPU cores,
+    and jax's version."""
+    cpu = f"{os.cpu_count()} CPU cores ({platform.machine()})"
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return f"{cpu}, jax {jax.__version__}"
+    return f"one {device.device_kind} ({device.platform}) beside {cpu}, jax {jax.__version__}"
+
+
 def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
-           gemm_floors: Optional[dict] = None) -> str:
+           gemm_floors: Optional[dict] = None, title: str = SECTION) -> str:
     """The "## Optimizer step" Markdown section: the timing table and MLPLOpt's floor table.
 
     Args:
@@ -252,19 +264,22 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
       note: conditions to record in the text (may be empty).
       burst: back-to-back calls per sample (stated in the text).
       gemm_floors: `{size name: best_gemm_floor(...)}`, or None (the GEMM-floor columns then read nan).
+      title: the section's heading line.
 
     Returns:
       the section's Markdown, ending with a newline.
     """
     lo = lopt.MLPLOpt()
     floor_macs = mlp_lopt_macs(lo)
-    lines = [SECTION, "",
+    biggest = max(a * b for widths in MODELS.values() for a, b in zip(widths[:-1], widths[1:]))
+    big_block = lopt.features.block_size(biggest)  # 32768 on a CPU, 2^22 on an accelerator
+    lines = [title, "",
              f"Median of {repeats} samples, each "
              f"{'one call' if burst == 1 else f'the mean of {burst} back-to-back calls'} (optimizers and measures "
              f"interleaved), float32 MLP models: \"update\" is one jitted `tx.update` writing fresh buffers; "
              f"\"train step\" is one jitted `tx.update` + `optax.apply_updates` with the parameters and the "
              f"optimizer state donated, as a training loop that donates them runs it. "
-             f"Machine: {os.cpu_count()} CPU cores ({platform.machine()}), jax {jax.__version__}; "
+             f"Machine: {machine()}; "
              f"measured f32 matmul throughput {flops / 1e9:.0f} GFLOP/s. {note}".rstrip(), "",
              "| model | optimizer | ms / update | × Adam | ms / train step | × Adam | state bytes / param |",
              "|---|---|---:|---:|---:|---:|---:|"]
@@ -279,7 +294,7 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
                   "optimizers at the block size, of "
                   f"{', '.join(str(c) for c in GEMM_BLOCKS)}, where this machine runs them fastest, with the "
                   "throughput they reach there; MLPLOpt itself runs a tensor of n parameters in blocks of "
-                  "`lopt.features.block_size(n)` (32768 for these models' big matrices). "
+                  f"`lopt.features.block_size(n)` ({big_block} for the biggest matrix on this machine). "
                   "AdafacMLPLOpt target ≤ 8× Adam.", "",
               "| model | MLPLOpt ms (update / train step) | × FLOP floor | GEMM floor ms (block, GFLOP/s) "
               "| × GEMM floor (update / train step) | AdafacMLPLOpt × Adam (update / train step) |",
@@ -291,12 +306,15 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
         lines.append(f"| {size} | {t.update_s * 1e3:.2f} / {t.step_s * 1e3:.2f} | {t.update_s / floor:.2f} | "
                      f"{g_t * 1e3:.2f} ({block}, {g_flops / 1e9:.0f}) | {t.update_s / g_t:.2f} / {t.step_s / g_t:.2f} | "
                      f"{ada.update_s / adam.update_s:.1f} / {ada.step_s / adam.step_s:.1f} |")
-    if all("Celo2LOpt" in res for _, res in results.values()):
+    celo = [name for name in ("Celo2LOpt", "pretrained:celo2_v4") if all(name in res for _, res in results.values())]
+    if celo:
         lines += ["", "Celo2LOpt orthogonalizes its weight matrices' updates as Muon does; its target is ≤ 2× Muon's step.", "",
-                  "| model | Celo2LOpt ÷ optax.contrib.muon (update / train step) |", "|---|---:|"]
+                  "| model | " + " | ".join(f"{name} ÷ optax.contrib.muon (update / train step)" for name in celo) + " |",
+                  "|---|" + "---:|" * len(celo)]
         for size, (n, res) in results.items():
-            c, m = res["Celo2LOpt"], res["optax.contrib.muon"]
-            lines.append(f"| {size} | {c.update_s / m.update_s:.2f} / {c.step_s / m.step_s:.2f} |")
+            m = res["optax.contrib.muon"]
+            lines.append(f"| {size} | " + " | ".join(f"{res[c].update_s / m.update_s:.2f} / {res[c].step_s / m.step_s:.2f}"
+                                                      for c in celo) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -315,12 +333,13 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "benchmarks.md"))
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--note", default="", help="conditions to record (e.g. 'CPU shared with other jobs')")
+    ap.add_argument("--title", default=SECTION, help="the section's heading, replaced in --out (e.g. '## Optimizer step (GPU)')")
     args = ap.parse_args(argv)
     flops = matmul_flops_per_s()
     timed = {s: bench_size(MODELS[s], args.repeats, args.burst, GEMM_BLOCKS) for s in args.sizes.split(",")}
     results = {s: (n, res) for s, (n, res, _) in timed.items()}
     gemm_floors = {s: best_gemm_floor(lopt.MLPLOpt(), n, floors) for s, (n, _, floors) in timed.items()}
-    section = render(results, flops, args.repeats, args.note, args.burst, gemm_floors)
+    section = render(results, flops, args.repeats, args.note, args.burst, gemm_floors, args.title)
     print(section)
     if not args.no_write:
         update_markdown_section(args.out, section)

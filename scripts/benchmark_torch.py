@@ -10,8 +10,8 @@ is built, warmed up, then `optimizer.step()` alone is timed `--repeats` times, t
 interleaved round-robin so that a noisy neighbour slows them all alike; the table reports the
 medians, their ratio to Adam's, and the bytes of optimizer state per parameter. The optimizers:
 torch.optim.Adam (lr 1e-3; torch's default implementation, `foreach` on CPU), the same with
-`fused=True` where torch supports it on the device, and `lopt.torch.optimizer("normmlp_v3",
-num_steps=1000)` (given the loss, as a closure would). `--device cuda` times on a GPU
+`fused=True` where torch supports it on the device, and `lopt.torch.optimizer(name,
+num_steps=1000)` for the shipped "normmlp_v3" and "celo2_v4" (given the loss, as a closure would). `--device cuda` times on a GPU
 (synchronised around each step).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ import lopt.torch
 
 # layer widths, input first: ~1.0M and ~9.5M parameters (as scripts/benchmark_optimizers.py)
 MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10)}
-SHIPPED = "normmlp_v3"
+SHIPPED = ("normmlp_v3", "celo2_v4")  # lopt.pretrained names timed through lopt.torch
 
 
 def model_params(widths: Sequence[int], device: str = "cpu", seed: int = 0) -> list[torch.nn.Parameter]:
@@ -60,7 +60,8 @@ def optimizers(device: str) -> dict[str, Callable[[list], torch.optim.Optimizer]
         out["torch.optim.Adam(fused=True)"] = lambda ps: torch.optim.Adam(ps, lr=1e-3, fused=True)
     except (RuntimeError, TypeError, ValueError):
         pass
-    out[f"lopt.torch {SHIPPED}"] = lambda ps: lopt.torch.optimizer(SHIPPED, ps, num_steps=1000)
+    for name in SHIPPED:
+        out[f"lopt.torch {name}"] = lambda ps, name=name: lopt.torch.optimizer(name, ps, num_steps=1000)
     return out
 
 

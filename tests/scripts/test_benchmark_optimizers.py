@@ -17,7 +17,8 @@ def test_bench_size_times_update_donated_step_and_floors(monkeypatch):
     from call to call) and come back positive, with the state size per parameter; the GEMM floor
     is timed at each block asked for."""
     every = bo.optimizers()
-    assert {"optax.adam", "optax.contrib.muon", "Celo2LOpt", "pretrained:normmlp_v3"} <= set(every)
+    assert {"optax.adam", "optax.contrib.muon", "Celo2LOpt", "pretrained:normmlp_v3",
+            "pretrained:celo2_v4"} <= set(every)
     two = {k: v for k, v in every.items() if k in ("optax.adam", "MLPLOpt")}
     monkeypatch.setattr(bo, "optimizers", lambda: two)
     n, res, floors = bo.bench_size((6, 5, 3), repeats=2, floor_blocks=(8, 16))
@@ -46,3 +47,15 @@ def test_best_gemm_floor_picks_the_fastest_block():
     lo = lopt.MLPLOpt()
     block, s, flops = bo.best_gemm_floor(lo, 100, {16: 3.0, 32: 1.0, 64: 2.0})
     assert (block, s) == (32, 1.0) and flops == 2 * bo.mlp_lopt_macs(lo) * 100 / 1.0
+
+
+def test_render_names_the_machine_and_takes_a_title():
+    """The section starts with the heading asked for and names the device JAX computes on; the
+    Celo2LOpt ÷ Muon table has a column per Celo2 optimizer that was timed."""
+    t = bo.Timing(update_s=2e-3, step_s=1e-3, state_bytes=8.0)
+    res = {name: t for name in ["optax.adam", "optax.contrib.muon", "MLPLOpt", "AdafacMLPLOpt", "Celo2LOpt",
+                                "pretrained:celo2_v4"]}
+    section = bo.render({"1M": (10, res)}, 1e9, 3, "", title="## Optimizer step (GPU)")
+    assert section.startswith("## Optimizer step (GPU)\n") and f"Machine: {bo.machine()};" in section
+    assert bo.machine().endswith(f"jax {jax.__version__}") and "CPU cores" in bo.machine()
+    assert "| 1M | 1.00 / 1.00 | 1.00 / 1.00 |" in section
