@@ -48,7 +48,10 @@ multiply a fixed warm-up + cosine decay over the horizon N (`features.prior_sche
 a fixed law for horizons longer than the meta-trained ones, and the learned residual MLP(x)
 multiplies min(1, N_ref/N)^`residual_horizon_power`, so that past N_ref the direction returns
 towards Muon's (a fresh theta's), which is what the learned direction was trained to improve on
-short runs. With `overshoot_gain` > 0 every
+short runs. With `depth_reference` D_ref > 0, η_matrix also multiplies min(1, D_ref/D)^`depth_power`,
+D the number of tensors that take the orthogonalized update (`matrix_depth`): in a chain of D
+layers each layer's update moves the output, so deeper plain MLPs need smaller steps per layer
+(measured: docs/pretrained.md). With `overshoot_gain` > 0 every
 step is scaled by `lopt.overshoot_brake`'s α_t ≤ 1.
 """
 from __future__ import annotations
@@ -102,6 +105,22 @@ def is_orthogonalized(role: param_roles.ParamRole, shape: tuple) -> bool:
     return fan_in > 1 and math.prod(shape) // fan_in > 1
 
 
+def matrix_depth(params: Any, roles: Any) -> int:
+    """D: how many of the leaves take the orthogonalized matrix update (`is_orthogonalized`).
+
+    In a plain MLP this is its number of layers; in a transformer every attention and MLP
+    projection counts (a one-layer transformer with a dense output head: 7).
+
+    Args:
+      params: the parameter leaves, a sequence of arrays (only their shapes are read).
+      roles: their `param_roles.ParamRole`s, in the same order.
+
+    Returns:
+      D ≥ 0, a Python int (static under jit).
+    """
+    return sum(is_orthogonalized(r, jnp.shape(p)) for p, r in zip(params, roles, strict=True))
+
+
 class Celo2LOpt(LearnedOptimizer):
     """Learned, Muon-orthogonalized matrix updates and AdamW for the other tensors.
 
@@ -133,6 +152,10 @@ class Celo2LOpt(LearnedOptimizer):
       horizon_power: its α ≥ 0.
       residual_horizon_power: β ≥ 0: the learned residual of the matrix direction times
         min(1, N_ref/N)^β (0: unscaled; no effect without `horizon_reference`).
+      depth_reference: D_ref of the depth factor min(1, D_ref/D)^`depth_power` the matrix step
+        size multiplies, D the number of orthogonalized tensors the optimizer updates
+        (`matrix_depth`): 1 up to D_ref matrices, smaller in deeper models (0: off).
+      depth_power: its γ ≥ 0.
     """
 
     hidden_size: int = 8
@@ -153,6 +176,8 @@ class Celo2LOpt(LearnedOptimizer):
     horizon_reference: int = added_option(0)
     horizon_power: float = added_option(0.5)
     residual_horizon_power: float = added_option(0.0)
+    depth_reference: int = added_option(0)
+    depth_power: float = added_option(1.0)
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
@@ -170,12 +195,28 @@ class Celo2LOpt(LearnedOptimizer):
                 and self.residual_horizon_power >= 0):
             raise ValueError(f"horizon_reference must be an int >= 0, horizon_power and residual_horizon_power >= 0, "
                              f"got {self.horizon_reference!r}, {self.horizon_power!r}, {self.residual_horizon_power!r}")
+        if not (isinstance(self.depth_reference, int) and self.depth_reference >= 0 and self.depth_power >= 0):
+            raise ValueError(f"depth_reference must be an int >= 0 and depth_power >= 0, got "
+                             f"{self.depth_reference!r}, {self.depth_power!r}")
         if self.schedule not in ft.SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {ft.SCHEDULES}")
 
     @property
     def _mom_idx(self) -> int:
         return momentum_index(self.decays)
+
+    def depth_scale(self, depth: int) -> float:
+        """The matrix step size's depth factor, min(1, D_ref/D)^γ (1 when `depth_reference` is 0).
+
+        Args:
+          depth: D, the number of orthogonalized tensors (`matrix_depth`), a static int.
+
+        Returns:
+          the factor, a Python float in (0, 1].
+        """
+        if self.depth_reference <= 0 or depth <= self.depth_reference:
+            return 1.0
+        return (self.depth_reference / depth) ** self.depth_power
 
     @property
     def num_features(self) -> int:
@@ -284,6 +325,7 @@ class Celo2LOpt(LearnedOptimizer):
                 fade = ft.horizon_scale(num_steps, self.horizon_reference, self.residual_horizon_power)
             roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
             treedef, gs, (ps, ms, vs, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment, roles)
+            lrs = lrs * jnp.asarray([self.depth_scale(matrix_depth(ps, rs)), 1.0], jnp.float32)
             leaves = [update_leaf(g, p, m, v, r, t, lrs, fade) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state)

@@ -11,7 +11,9 @@ Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.mlp_lopt`), t 
 (η_matrix, η_adam) = (matrix_lr, adam_lr) · exp(log_lr_range · tanh(s)), s from the step-size MLP
 on [emb(t), progress(t, N), loss features], times the prior schedule σ(t, N) and the horizon factor
 min(1, N_ref/N)^α (`horizon_reference`, `horizon_power`; 1 when off); MLP(x) times
-min(1, N_ref/N)^`residual_horizon_power` where that is set. NS is optax's `orthogonalize_via_newton_schulz`
+min(1, N_ref/N)^`residual_horizon_power` where that is set; η_matrix also times the depth factor
+min(1, D_ref/D)^γ (`depth_reference`, `depth_power`; 1 when off), D the number of orthogonalized
+parameters of the step (every device and dtype). NS is optax's `orthogonalize_via_newton_schulz`
 (`lopt.torch.norm_mlp_lopt.newton_schulz`: Frobenius pre-normalisation with eps 1e-8, 5 quintic
 steps, coefficients (3.4445, −4.7750, 2.0315), the wide orientation) of u read as the matrix
 [fan_in, fan_out] in JAX layout, and width_scale = √max(1, fan_out / fan_in)
@@ -106,6 +108,9 @@ class Celo2LOptRule(Rule):
         s = h @ lr["output"]["w"] + lr["output"]["b"]
         base = torch.tensor([lo.matrix_lr, lo.adam_lr], dtype=ctx.dtype, device=ctx.device)
         sigma = prior_schedule(lo.schedule, ctx, items) * horizon_scale(lo.horizon_reference, lo.horizon_power, ctx, items)
+        depth = sum(is_orthogonalized(jax_role(it.state.get("role") or role_of(it.param), it.jax_shape), it.jax_shape)
+                    for it in (ctx.stepped or items))
+        base = base * torch.tensor([lo.depth_scale(depth), 1.0], dtype=ctx.dtype, device=ctx.device)
         return base * torch.exp(lo.log_lr_range * torch.tanh(s)) * sigma[:, None]
 
     def updates(self, items, ctx):

@@ -162,14 +162,15 @@ class TorchLearnedOptimizer(torch.optim.Optimizer):
                 item = Item(p, p.grad, state, tuple(state["axes"]), group["num_steps"], chunk)
                 buckets.setdefault((p.device, dtype), []).append((item, group))
         brake, alpha = self.rule.brake, None
+        stepped = [it for entries in buckets.values() for it, _ in entries]
         if brake is not None:  # global: log α_t from every parameter's g_t and Δp_{t−1}, before any update
-            stepped = [it for entries in buckets.values() for it, _ in entries]
             alpha = brake.advance(self.state.setdefault(BRAKE_KEY, brake.init_state()),
                                   [it.grad for it in stepped], [it.state["prev_update"] for it in stepped])
         for (device, dtype), entries in buckets.items():
             items = [it for it, _ in entries]
             steps = torch.tensor([float(it.state["step"]) for it in items], dtype=dtype, device=device)
-            ctx = Context(steps, _loss_tensor(loss, device, dtype), self.rule.theta_on(device, dtype), dtype, device)
+            ctx = Context(steps, _loss_tensor(loss, device, dtype), self.rule.theta_on(device, dtype), dtype, device,
+                          stepped)
             for (it, group), u in zip(entries, self.rule.updates(items, ctx)):
                 u = u.to(it.param.dtype)
                 if alpha is not None:

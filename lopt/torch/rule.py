@@ -65,12 +65,15 @@ class Context:
       theta: the rule's theta as tensors of the compute dtype on the device.
       dtype: the compute dtype.
       device: the device.
+      stepped: every item of the step, on every device and dtype (a rule that reads the whole
+        model, e.g. Celo2LOpt's count of weight matrices, reads it here).
     """
     steps: torch.Tensor
     loss: Optional[torch.Tensor]
     theta: dict
     dtype: torch.dtype
     device: torch.device
+    stepped: Sequence[Item] = ()
 
     def embedding(self, timescales: Sequence[float]) -> torch.Tensor:
         """The step embedding of every item, [L, T]."""

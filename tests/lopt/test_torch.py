@@ -142,6 +142,8 @@ CONFIGS = {
     # the horizon factor at STEPS = 100 past a reference of 40: every step ×(0.4)^0.7 ≈ 0.53
     "celo2_cosine_horizon": lopt.Celo2LOpt(schedule="cosine", horizon_reference=40, horizon_power=0.7,
                                            residual_init=1.0, residual_horizon_power=0.5),
+    # two orthogonalized tensors (dense_w, conv_w) past a depth reference of 1: matrix steps ×(1/2)^0.8 ≈ 0.57
+    "celo2_depth": lopt.Celo2LOpt(depth_reference=1, depth_power=0.8),
 }
 
 

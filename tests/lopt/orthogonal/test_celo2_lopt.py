@@ -12,7 +12,7 @@ import pytest
 import lopt
 from lopt import param_roles
 from lopt.orthogonal import newton_schulz
-from lopt.orthogonal.celo2_lopt import is_orthogonalized
+from lopt.orthogonal.celo2_lopt import is_orthogonalized, matrix_depth
 
 
 def _params():
@@ -192,3 +192,41 @@ def test_residual_horizon_power_scales_the_learned_residual_past_the_reference()
     # the residual matters at this theta, so the comparison above can fail
     assert not np.allclose(_run(plain.opt_fn(theta, num_steps=400), params, n=1)[0]["hidden"]["kernel"],
                            _run(plain.opt_fn(scaled, num_steps=400), params, n=1)[0]["hidden"]["kernel"], atol=1e-4)
+
+
+def _deep_params(depth):
+    ks = jax.random.split(jax.random.key(5), depth)
+    return {f"layer_{i}": {"kernel": jax.random.normal(k, (10, 10)) * 0.3, "bias": jnp.zeros((10,))}
+            for i, k in enumerate(ks)}
+
+
+def test_depth_factor_scales_matrix_steps_of_deeper_models_only():
+    """depth_reference D_ref, depth_power γ: a model of D ≤ D_ref orthogonalized tensors steps as
+    without the option (bit for bit); with D = 6 > D_ref = 3 every matrix step is (3/6)^γ of it and
+    the biases' (Adam path) are unchanged; the default stays out of config(); bad options are refused."""
+    base, deep = lopt.Celo2LOpt(), lopt.Celo2LOpt(depth_reference=3, depth_power=0.5)
+    assert "depth_reference" not in base.config() and deep.config()["depth_reference"] == 3
+    theta = base.init(jax.random.key(0))
+    shallow = _deep_params(3)
+    chex.assert_trees_all_equal(_run(base.opt_fn(theta), shallow, n=2), _run(deep.opt_fn(theta), shallow, n=2))
+    params = _deep_params(6)
+    a, b = _run(base.opt_fn(theta), params, n=1)[0], _run(deep.opt_fn(theta), params, n=1)[0]
+    for name in params:
+        np.testing.assert_allclose(b[name]["kernel"], 0.5 ** 0.5 * a[name]["kernel"], rtol=2e-5, atol=1e-9)
+        chex.assert_trees_all_equal(b[name]["bias"], a[name]["bias"])
+    assert deep.depth_scale(3) == 1.0 and deep.depth_scale(12) == 0.5 and base.depth_scale(100) == 1.0
+    with pytest.raises(ValueError, match="depth_reference"):
+        lopt.Celo2LOpt(depth_reference=-1)
+    with pytest.raises(ValueError, match="depth_power"):
+        lopt.Celo2LOpt(depth_reference=3, depth_power=-1.0)
+
+
+def test_matrix_depth_counts_the_orthogonalized_tensors():
+    """D counts dense and conv kernels, not biases, norm scales, [n, 1] "matrices" or embeddings."""
+    params = {"embed": {"embedding": jnp.zeros((50, 8))}, "conv": {"kernel": jnp.zeros((3, 3, 1, 4))},
+              "dense": {"kernel": jnp.zeros((8, 8)), "bias": jnp.zeros((8,))}, "norm": {"scale": jnp.ones((8,))},
+              "head": {"kernel": jnp.zeros((8, 1))}}
+    roles = param_roles.infer(params)
+    leaves = jax.tree_util.tree_leaves(params)
+    role_leaves = jax.tree_util.tree_leaves(roles, is_leaf=lambda x: isinstance(x, param_roles.ParamRole))
+    assert matrix_depth(leaves, role_leaves) == 2
