@@ -12,13 +12,15 @@ meta-training steps, hours and hardware, what it was measured to do on held-out 
 tuned Adam (including where it loses), the licence and the SHA-256 of the theta file, which
 `load` checks, and optionally the range of meta-training horizons ("meta_training_horizons", [min,
 max] steps; `load` warns past max). `DEPLOY_OPTIONS` holds the hyper-parameters `load` changes from
-a meta-trained config (`info` reports them as "deploy_options"): safety options that leave theta
-as it is, applied only where measured not to change the held-out results materially (normmlp_v3:
-the overshoot brake, `NormMLPLOpt.overshoot_gain`; celo2_v4: the horizon rule for runs longer than
-2000 steps, `Celo2LOpt.horizon_reference`; docs/pretrained.md has the measurements). This
-version ships "celo2_v4", "celo2_v2" and "celo2_v1" (Celo2LOpt: learned, Muon-orthogonalized matrix
-updates; celo2_v4 the best measured), "normmlp_v3" and "normmlp_v2"; docs/pretrained.md has their
-measurements and where they lose (long runs above all).
+a meta-trained config (`info` reports them as "deploy_options"): options that leave theta as it
+is, each measured on every suite it changes, and the provenance's figures are the deployed
+optimizer's (normmlp_v3:
+the overshoot brake, `NormMLPLOpt.overshoot_gain`; celo2_v4 and celo2_v5: the horizon rule for runs
+longer than 2000 steps, `Celo2LOpt.horizon_reference`, and for celo2_v5 the depth rule for models of
+more than 3 weight matrices, `Celo2LOpt.depth_reference`; docs/pretrained.md has the measurements).
+This version ships "celo2_v5", "celo2_v4", "celo2_v2" and "celo2_v1" (Celo2LOpt: learned,
+Muon-orthogonalized matrix updates; celo2_v5 the best measured), "normmlp_v3" and "normmlp_v2";
+docs/pretrained.md has their measurements and where they lose.
 """
 from __future__ import annotations
 
@@ -50,8 +52,13 @@ REQUIRED_INFO = ("name", "architecture", "gin_config", "command", "git_commit", 
 #: past 2000 steps both step sizes times 2000/N and the learned residual of the matrix direction times
 #: (2000/N)^2. It is 1 on every run of at most 2000 steps (every heldout-cpu, lm-cpu and scaling-cpu
 #: budget: those results are unchanged, bit for bit); the exponents were chosen on validation-long-cpu.
+#: For celo2_v5 the same horizon rule (its step-size part was in place while it was meta-trained) and
+#: the depth rule (`Celo2LOpt.depth_reference`): in a model of D > 3 orthogonalized tensors the matrix
+#: step size times 3/D, chosen on validation-scaling-cpu; 1 on every model of at most 3 weight matrices.
 DEPLOY_OPTIONS = {"normmlp_v3": {"overshoot_gain": 0.2},
-                  "celo2_v4": {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0}}
+                  "celo2_v4": {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0},
+                  "celo2_v5": {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0,
+                               "depth_reference": 3, "depth_power": 1.0}}
 
 
 def names() -> list[str]:

@@ -161,3 +161,32 @@ def test_celo2_v4_is_deployed_with_the_horizon_rule_that_leaves_runs_up_to_2000_
         long = run(lopt.pretrained.load("celo2_v4", num_steps=20_000), n=1)[0]
     plain = run(meta_trained.opt_fn(theta, num_steps=20_000), n=1)[0]
     assert float(np.linalg.norm(long["w1"])) < 0.2 * float(np.linalg.norm(plain["w1"]))
+
+
+def test_celo2_v5_is_deployed_with_the_horizon_and_depth_rules():
+    """load("celo2_v5") applies DEPLOY_OPTIONS: on a model of at most 3 weight matrices and a run of
+    ≤ 2000 steps the update is the meta-trained config's; in a model of 6 weight matrices every
+    matrix step is 3/6 of it and the other tensors' steps are unchanged."""
+    options = {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0,
+               "depth_reference": 3, "depth_power": 1.0}
+    assert lopt.pretrained.info("celo2_v5")["deploy_options"] == options
+    meta_trained, theta = lopt.pretrained.load_learned_optimizer_by_name("celo2_v5")
+    assert lopt.pretrained.deployed_learned_optimizer("celo2_v5")[0] == type(meta_trained)(
+        **{**meta_trained.config(), **options})
+
+    def params(depth):
+        keys = jax.random.split(jax.random.key(0), depth)
+        return {f"layer_{i}": {"w": jax.random.normal(k, (8, 8)) * 0.3, "b": np.zeros(8, np.float32)}
+                for i, k in enumerate(keys)}
+
+    def first_update(tx, p):
+        grads = jax.tree_util.tree_map(lambda x: np.cos(3.0 * x), p)
+        return tx.update(grads, tx.init(p), p, loss=1.0)[0]
+
+    for depth, factor in ((3, 1.0), (6, 0.5)):
+        p = params(depth)
+        deployed = first_update(lopt.pretrained.load("celo2_v5", num_steps=1000), p)
+        plain = first_update(meta_trained.opt_fn(theta, num_steps=1000), p)
+        for name in p:
+            np.testing.assert_allclose(deployed[name]["w"], factor * plain[name]["w"], rtol=1e-5, atol=1e-9)
+            np.testing.assert_allclose(deployed[name]["b"], plain[name]["b"], rtol=1e-6, atol=1e-12)
