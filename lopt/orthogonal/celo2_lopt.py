@@ -105,20 +105,20 @@ def is_orthogonalized(role: param_roles.ParamRole, shape: tuple) -> bool:
     return fan_in > 1 and math.prod(shape) // fan_in > 1
 
 
-def matrix_depth(params: Any, roles: Any) -> int:
-    """D: how many of the leaves take the orthogonalized matrix update (`is_orthogonalized`).
+def matrix_depth(shapes: Any, roles: Any) -> int:
+    """D: how many of the parameters take the orthogonalized matrix update (`is_orthogonalized`).
 
     In a plain MLP this is its number of layers; in a transformer every attention and MLP
     projection counts (a one-layer transformer with a dense output head: 7).
 
     Args:
-      params: the parameter leaves, a sequence of arrays (only their shapes are read).
+      shapes: the parameters' shapes (JAX layout), a sequence of tuples.
       roles: their `param_roles.ParamRole`s, in the same order.
 
     Returns:
       D ≥ 0, a Python int (static under jit).
     """
-    return sum(is_orthogonalized(r, jnp.shape(p)) for p, r in zip(params, roles, strict=True))
+    return sum(is_orthogonalized(r, tuple(s)) for s, r in zip(shapes, roles, strict=True))
 
 
 class Celo2LOpt(LearnedOptimizer):
@@ -325,7 +325,7 @@ class Celo2LOpt(LearnedOptimizer):
                 fade = ft.horizon_scale(num_steps, self.horizon_reference, self.residual_horizon_power)
             roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
             treedef, gs, (ps, ms, vs, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment, roles)
-            lrs = lrs * jnp.asarray([self.depth_scale(matrix_depth(ps, rs)), 1.0], jnp.float32)
+            lrs = lrs * jnp.asarray([self.depth_scale(matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0], jnp.float32)
             leaves = [update_leaf(g, p, m, v, r, t, lrs, fade) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state)

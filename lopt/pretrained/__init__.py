@@ -13,11 +13,11 @@ tuned Adam (including where it loses), the licence and the SHA-256 of the theta 
 `load` checks, and optionally the range of meta-training horizons ("meta_training_horizons", [min,
 max] steps; `load` warns past max). `DEPLOY_OPTIONS` holds the hyper-parameters `load` changes from
 a meta-trained config (`info` reports them as "deploy_options"): options that leave theta as it
-is, each measured on every suite it changes, and the provenance's figures are the deployed
-optimizer's (normmlp_v3:
-the overshoot brake, `NormMLPLOpt.overshoot_gain`; celo2_v4 and celo2_v5: the horizon rule for runs
-longer than 2000 steps, `Celo2LOpt.horizon_reference`, and for celo2_v5 the depth rule for models of
-more than 3 weight matrices, `Celo2LOpt.depth_reference`; docs/pretrained.md has the measurements).
+is, each measured on every suite it changes; the provenance's figures are the deployed
+optimizer's (normmlp_v3: the overshoot brake, `NormMLPLOpt.overshoot_gain`; celo2_v4 and
+celo2_v5: the horizon rule for runs longer than 2000 steps, `Celo2LOpt.horizon_reference`, and
+for celo2_v5 the depth rule for models of more than 3 weight matrices,
+`Celo2LOpt.depth_reference`; docs/pretrained.md has the measurements).
 This version ships "celo2_v5", "celo2_v4", "celo2_v2" and "celo2_v1" (Celo2LOpt: learned,
 Muon-orthogonalized matrix updates; celo2_v5 the best measured), "normmlp_v3" and "normmlp_v2";
 docs/pretrained.md has their measurements and where they lose.

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from lopt import param_roles
-from lopt.orthogonal.celo2_lopt import is_orthogonalized
+from lopt.orthogonal.celo2_lopt import is_orthogonalized, matrix_depth
 from lopt.orthogonal.newton_schulz import width_scale
 from lopt.torch import common
 from lopt.torch.layout import inverse_axes
@@ -108,8 +108,9 @@ class Celo2LOptRule(Rule):
         s = h @ lr["output"]["w"] + lr["output"]["b"]
         base = torch.tensor([lo.matrix_lr, lo.adam_lr], dtype=ctx.dtype, device=ctx.device)
         sigma = prior_schedule(lo.schedule, ctx, items) * horizon_scale(lo.horizon_reference, lo.horizon_power, ctx, items)
-        depth = sum(is_orthogonalized(jax_role(it.state.get("role") or role_of(it.param), it.jax_shape), it.jax_shape)
-                    for it in (ctx.stepped or items))
+        stepped = ctx.stepped or items
+        depth = matrix_depth([it.jax_shape for it in stepped],
+                             [jax_role(it.state.get("role") or role_of(it.param), it.jax_shape) for it in stepped])
         base = base * torch.tensor([lo.depth_scale(depth), 1.0], dtype=ctx.dtype, device=ctx.device)
         return base * torch.exp(lo.log_lr_range * torch.tanh(s)) * sigma[:, None]
 
