@@ -5,8 +5,7 @@
 - no import cycle between the modules of the three packages (every import statement, read with `ast`);
 - run files (outer_trainers.runs) and the model training loop (outer_trainers.training) import no
   meta-training code (steps, estimators, learner, distributed);
-- no `contextvars` in lopt/ (how an update is computed depends on its arguments and shapes);
-- no work-diary headings or issue numbers in docs/.
+- no `contextvars` in lopt/ (how an update is computed depends on its arguments and shapes).
 """
 import ast
 import os
@@ -138,17 +137,3 @@ def test_no_context_variables_in_lopt():
     users = [os.path.relpath(p, ROOT) for p in _python_files("lopt")
              if re.search(r"\bcontextvars\b", open(p, encoding="utf-8").read())]
     assert not users, f"lopt modules using contextvars (pass the choice as an argument): {users}"
-
-
-def test_no_diary_in_docs():
-    pattern = re.compile(r"issue #\d+|#\d+'s|\b(first|second|third|fourth|fifth|sixth|seventh|eighth) session\b",
-                         re.IGNORECASE)
-    hits = []
-    for dirpath, _, filenames in os.walk(os.path.join(ROOT, "docs")):
-        for name in filenames:
-            if name.endswith(".md"):
-                path = os.path.join(dirpath, name)
-                for i, line in enumerate(open(path, encoding="utf-8"), 1):
-                    if pattern.search(line):
-                        hits.append(f"{os.path.relpath(path, ROOT)}:{i}: {line.strip()[:80]}")
-    assert not hits, "work-diary notes in docs/ (history belongs in git log):\n" + "\n".join(hits[:20])
