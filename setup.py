@@ -1,7 +1,7 @@
 """Distribution "lopt": learned optimizers, their meta-training, and the tasks they train on."""
 from setuptools import find_packages, setup
 
-# Distributed meta-training (issue #13): Ray actors for workers and evaluators, Ray Tune for PBT.
+# Distributed meta-training: Ray actors for workers and evaluators, Ray Tune for PBT.
 RAY_REQUIRES = ["ray[tune]>=2.40"]
 DOCS_REQUIRES = ["sphinx>=7.2", "myst-nb>=1.1", "furo>=2024.1.29", "jupytext>=1.16", "nbclient>=0.10",
                  "nbformat>=5.9", "ipykernel>=6.29", "matplotlib>=3.7"]
@@ -12,6 +12,7 @@ setup(
     description="Meta-train learned optimizers in JAX and use them as optax transforms.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["lopt", "lopt.*", "outer_trainers", "outer_trainers.*", "tasks", "tasks.*"]),
     # Meta-trained theta files (a few KB each) and their provenance ship inside the package.
