@@ -2,8 +2,8 @@
 
 XLA's CPU backend runs one program on one device, and the small kernels of a meta-training step
 (vmapped inner steps of a few thousand parameters) keep about one core busy. Exposing one XLA
-CPU device per core and sharding the estimator's particles over them uses the others: on a
-2-core machine TruncatedPES runs 1.8× more inner steps per second (docs/benchmarks.md).
+CPU device per core and sharding the estimator's particles over them puts the other cores to work
+(TruncatedPES's inner steps per second by core count: docs/benchmarks.md).
 
 - `use_all_cpu_cores()` asks jax for one CPU device per core. It must run before jax initialises
   its backends (before the first array is made), so call it right after `import jax`; the
