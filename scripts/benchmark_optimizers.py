@@ -7,14 +7,13 @@ For each model size and optimizer, two things are compiled, warmed up, then time
 times (≥ 20), the optimizers and the two measures interleaved round-robin so a noisy neighbour
 slows them all alike: `jax.jit(tx.update)`, whose outputs are fresh buffers, and a training step
 (`tx.update` then `optax.apply_updates`) jitted with the parameters and the optimizer state
-donated, as a training loop that donates them runs it. The two differ most for big tensors: on
-this machine a fresh output buffer of tens of MB is page-faulted in on every call (~1.5 µs per
-4 KiB page, a few GB/s), which a donated step, writing in place, never pays. The medians are
+donated, as a training loop that donates them runs it. The two differ most for big tensors: a
+fresh output buffer of tens of MB is page-faulted in on every call, one 4 KiB page at a time,
+which a donated step, writing in place, never pays. The medians are
 reported with their ratios to Adam's and the bytes of optimizer state per parameter. Each sample
 is one call (`--burst 1`, the default): it starts with cold caches, as an update after a
 forward/backward pass does. `--burst K` times the mean of K back-to-back calls instead, which
-keeps a 1M-parameter model's inputs in cache and so flatters memory-bound Adam most (on this
-machine Adam 1M: 1.5 -> 0.8 ms). The machine's f32 matmul throughput (median of a big square
+keeps a 1M-parameter model's inputs in cache and so flatters memory-bound Adam most. The machine's f32 matmul throughput (median of a big square
 matmul) gives MLPLOpt's FLOP floor: 2 · (its per-parameter MLP multiply-adds) · N / throughput.
 Its GEMM floor is measured instead: the time of its three GEMMs alone,
 [H, F] @ [F, c], [H, H] @ [H, c], [2, H] @ [H, c], over all N parameters in blocks of c
@@ -122,8 +121,7 @@ def gemm_floor_call(lo: lopt.MLPLOpt, n: int) -> Callable[[], jax.Array]:
     optimization barrier between the layers keeps XLA from re-associating the chain) and writes
     the [2, c] result in place into a [2, n] output, as MLPLOpt's blocks do; no features, ReLU or
     accumulators. The output buffer is donated and carried from call to call, so, like a donated
-    train step, the floor pays no page faults for a fresh output (a fresh [2, n] buffer added
-    ~18 ms at 10M parameters on this machine).
+    train step, the floor pays no page faults for a fresh output.
 
     Args:
       lo: the MLPLOpt whose `num_features`, `hidden_size`, `hidden_layers` and `block_size(n)` count.
