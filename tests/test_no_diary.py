@@ -4,7 +4,8 @@ Checked: the .md files under docs/, README.md and CONTRIBUTING.md (every line); 
 docstrings of the .py files of lopt/, outer_trainers/, tasks/ and scripts/; the comments of
 scripts/configs/*.gin. None may carry
 
-- an issue or pull-request reference: "issue #12", "#12's", "(#12)", "(#12, #13)", "PR #12";
+- an issue or pull-request reference: "issue #12", "issue-#12", "#12's", "(#12)", "(#12, #13)",
+  "PR #12";
 - a work-log phrase about a working session: "the third session", "lent for one working session"
   (a run's own sessions, "the session that resumes a run", are a concept of lopt, not a log);
 - a dated note: an ISO date such as 2026-11-28, "Nov 28, 2026" / "28 November 2026", or
@@ -26,7 +27,7 @@ _MONTH = (r"(?:Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|
           r"Sep(?:t(?:ember)?)?|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)")
 PATTERN = re.compile(
     "|".join([
-        r"\b(?:issues?|PRs?|pull requests?)\s+#\d+",              # issue #12, PR #3
+        r"\b(?:issues?|PRs?|pull requests?)[\s-]*#\d+",          # issue #12, issue-#2, PR #3
         r"(?<![\w&])#\d+'s\b",                                   # #12's
         r"\(#\d+(?:,\s*#\d+)*\)",                                # (#12), (#12, #13)
         r"\b(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth) session\b",  # work log
@@ -103,7 +104,7 @@ def _hits(lines):
 
 
 def test_pattern_flags_diary_and_spares_code():
-    diary = ["see issue #13", "after #17's refactor", "the brake (#21)", "fixed (#3, #4)",
+    diary = ["see issue #13", "the issue-#2 problems", "after #17's refactor", "the brake (#21)", "fixed (#3, #4)",
              "the third session measured", "lent for one working session", "timed 2026-11-28 on the VM",
              "Nov 28, 2026",
              "28 November 2026", "measured on 2026-11-02", "measured on Nov 3"]
