@@ -2,8 +2,8 @@
 """Benchmark the distributed path: local outer steps vs 1 and 2 Ray workers, and its overhead.
 
 On the problems of `benchmark_estimators.py` — (a) QuadraticFamily dim 10, (b) dim 1000, (c) an
-MLP 64→32→10 on digits at batch 128 — with MLPLOpt and TruncatedPES (8 tasks, truncation 50: 800 inner steps per
-estimate), report per configuration, after `--warmup` steps (compilation):
+MLP 64→32→10 on digits at batch 128 — with MLPLOpt and TruncatedPES (8 tasks, truncation 50: 800
+inner steps per estimate), report per configuration, after `--warmup` steps (compilation):
 
   est/s        estimates applied per second (steady state, median over the timed steps)
   inner/s      inner steps per second (800 per estimate)
