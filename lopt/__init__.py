@@ -2,15 +2,15 @@
 
 From PyTorch: `import lopt.torch; lopt.torch.optimizer(name, model.parameters(), num_steps=N)` (needs torch).
 """
-from lopt.adafac_mlp_lopt import AdafacMLPLOpt, AdafacState
+from lopt.archs.adafac_mlp_lopt import AdafacMLPLOpt, AdafacState
 from lopt.base import LearnedOptimizer, architecture, architectures
-from lopt.hyper_lopt import HyperLOpt, HyperLOptState
-from lopt.learnable_hparams import LearnableAdam, LearnableSGD, LearnableSGDM
-from lopt.mlp_lopt import MLPLOpt, MLPLOptState
-from lopt.nn_adam import NNAdam, NNAdamState
-from lopt.norm_mlp_lopt import NormMLPLOpt, NormMLPLOptState
-from lopt.orthogonal import Celo2LOpt, Celo2LOptState
-from lopt.rnn_mlp_lopt import RNNMLPLOpt, RNNMLPLOptState
+from lopt.archs.hyper_lopt import HyperLOpt, HyperLOptState
+from lopt.archs.learnable_hparams import LearnableAdam, LearnableSGD, LearnableSGDM
+from lopt.archs.mlp_lopt import MLPLOpt, MLPLOptState
+from lopt.archs.nn_adam import NNAdam, NNAdamState
+from lopt.archs.norm_mlp_lopt import NormMLPLOpt, NormMLPLOptState
+from lopt.archs.celo2_lopt import Celo2LOpt, Celo2LOptState
+from lopt.archs.rnn_mlp_lopt import RNNMLPLOpt, RNNMLPLOptState
 from lopt.serialization import load_learned_optimizer, load_optimizer, load_theta, save_theta
 from lopt import pretrained  # after serialization: it loads the shipped theta files with it
 

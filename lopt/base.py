@@ -45,7 +45,8 @@ from typing import Any, Callable, Optional
 import jax
 import optax
 
-from lopt.features import tree_mismatch
+from lopt.parts import layout as layout_lib
+from lopt.parts.tree_checks import tree_mismatch
 
 Theta = Any
 
@@ -70,6 +71,22 @@ def speed_option(default: Any) -> Any:
       A `dataclasses.field` to assign to the annotated class attribute.
     """
     return dataclasses.field(default=default, compare=False, metadata={_IN_CONFIG: "never"})
+
+
+def layout_option() -> Any:
+    """The `layout` option of an architecture whose per-parameter work is cut into blocks.
+
+    Its value is an update layout (`lopt.parts.layout`): "cpu" (the default: blocks sized for a
+    CPU's caches), "accelerator" (large blocks, whole-tensor sums), or an `UpdateLayout`. It is a
+    `speed_option`: it changes speed and float32 rounding, not the function theta defines, so it
+    is not part of `config()`, equality or the hash; `repr` shows it when it is not "cpu". It is
+    a static value chosen when the optimizer is built: nothing reads the platform while an update
+    is traced (`lopt.pretrained.load` resolves it from jax's default backend when it is called).
+
+    Returns:
+      A `dataclasses.field` to assign to an annotated `layout: Any` class attribute.
+    """
+    return speed_option("cpu")
 
 
 def added_option(default: Any) -> Any:
@@ -129,7 +146,7 @@ def _to_json(value: Any) -> Any:
 
 
 @typing.dataclass_transform(frozen_default=True, eq_default=False,
-                            field_specifiers=(dataclasses.field, speed_option, added_option))
+                            field_specifiers=(dataclasses.field, speed_option, layout_option, added_option))
 class LearnedOptimizer:
     """Base class of learned optimizers (see the module docstring for the protocol).
 
@@ -161,6 +178,8 @@ class LearnedOptimizer:
                 raise TypeError(f"{type(self).__name__}: {name}={value!r} is not hashable; declare the field as a "
                                 f"tuple, number, bool or str") from None
             object.__setattr__(self, name, value)
+        if "layout" in _converters(type(self)):
+            layout_lib.resolve(self.layout)  # an unknown layout is refused here, naming the known ones
         self.check_config()
 
     def check_config(self) -> None:
@@ -271,8 +290,16 @@ class LearnedOptimizer:
     def __hash__(self) -> int:
         return hash((type(self).__qualname__, self._values()))
 
+    @property
+    def update_layout(self) -> layout_lib.UpdateLayout:
+        """The `UpdateLayout` of this optimizer's `layout` option (`lopt.parts.layout.CPU` without one)."""
+        return layout_lib.resolve(getattr(self, "layout", "cpu"))
+
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in self.config().items())
+        shown = dict(self.config())
+        if getattr(self, "layout", "cpu") != "cpu":  # the update layout, a static choice worth seeing
+            shown["layout"] = self.layout
+        args = ", ".join(f"{k}={v!r}" for k, v in shown.items())
         return f"{type(self).__name__}({args})"
 
 

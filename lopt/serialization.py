@@ -16,9 +16,10 @@ import numpy as np
 import optax
 from flax import serialization
 
-from lopt import features as ft
+from lopt.parts import features as ft
 from lopt.base import LearnedOptimizer, architecture, architectures
 from lopt.file_io import atomic_write_bytes, read_msgpack_file
+from lopt.parts import tree_checks
 
 FORMAT, VERSION = "lopt.theta", 1
 
@@ -76,7 +77,7 @@ def _read(path: str, need_architecture: bool = True) -> tuple[Optional[LearnedOp
     if not isinstance(theta, dict) or not jax.tree_util.tree_leaves(theta):
         raise _invalid(path, f'missing or malformed entry "theta" (a dict of arrays), got {type(theta).__name__}')
     for key_path, leaf in jax.tree_util.tree_flatten_with_path(theta)[0]:
-        where = f'leaf {ft.leaf_path(key_path)} of entry "theta"'
+        where = f'leaf {tree_checks.leaf_path(key_path)} of entry "theta"'
         if not np.issubdtype(np.asarray(leaf).dtype, np.number):
             raise _invalid(path, f"{where} is not a numeric array (got {type(leaf).__name__} {leaf!r:.40})")
         if not np.all(np.isfinite(leaf)):
@@ -91,7 +92,7 @@ def _read(path: str, need_architecture: bool = True) -> tuple[Optional[LearnedOp
     except (TypeError, ValueError) as e:
         raise _invalid(path, f'entry "config" does not build {arch_name}: {type(e).__name__}: {e}') from None
     spec = learned_opt.theta_spec()
-    mismatch = ft.tree_mismatch(theta, serialization.to_state_dict(spec), f"{learned_opt!r}'s theta")
+    mismatch = tree_checks.tree_mismatch(theta, serialization.to_state_dict(spec), f"{learned_opt!r}'s theta")
     if mismatch is not None:
         raise _invalid(path, f'entry "theta" does not match its architecture and config: {mismatch}')
     return learned_opt, serialization.from_state_dict(spec, theta)

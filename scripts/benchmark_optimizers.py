@@ -130,7 +130,7 @@ def gemm_floor_call(lo: lopt.MLPLOpt, n: int) -> Callable[[], jax.Array]:
     Returns:
       A no-argument function running the GEMMs once and returning the output.
     """
-    from lopt import features as ft
+    from lopt.parts import features as ft
     f, h, c = lo.num_features, lo.hidden_size, lo.block_size(n)
     ks = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(ks[0], (f, n), jnp.float32)
@@ -270,7 +270,7 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
     lo = lopt.MLPLOpt()
     floor_macs = mlp_lopt_macs(lo)
     biggest = max(a * b for widths in MODELS.values() for a, b in zip(widths[:-1], widths[1:]))
-    big_block = lopt.features.block_size(biggest)  # 32768 on a CPU, 2^22 on an accelerator
+    big_block = lopt.parts.features.block_size(biggest)  # 32768 on a CPU, 2^22 on an accelerator
     lines = [title, "",
              f"Median of {repeats} samples, each "
              f"{'one call' if burst == 1 else f'the mean of {burst} back-to-back calls'} (optimizers and measures "
@@ -292,7 +292,7 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
                   "optimizers at the block size, of "
                   f"{', '.join(str(c) for c in GEMM_BLOCKS)}, where this machine runs them fastest, with the "
                   "throughput they reach there; MLPLOpt itself runs a tensor of n parameters in blocks of "
-                  f"`lopt.features.block_size(n)` ({big_block} for the biggest matrix on this machine). "
+                  f"`lopt.parts.features.block_size(n)` ({big_block} for the biggest matrix on this machine). "
                   "AdafacMLPLOpt target ≤ 8× Adam.", "",
               "| model | MLPLOpt ms (update / train step) | × FLOP floor | GEMM floor ms (block, GFLOP/s) "
               "| × GEMM floor (update / train step) | AdafacMLPLOpt × Adam (update / train step) |",

@@ -11,20 +11,23 @@ the gin config it was meta-trained from, the command that re-creates it, the git
 meta-training steps, hours and hardware, what it was measured to do on held-out tasks against
 tuned Adam (including where it loses), the licence and the SHA-256 of the theta file, which
 `load` checks, and optionally the range of meta-training horizons ("meta_training_horizons", [min,
-max] steps; `load` warns past max). `DEPLOY_OPTIONS` holds the hyper-parameters `load` changes from
-a meta-trained config (`info` reports them as "deploy_options"): options that leave theta as it
-is, each measured on every suite it changes; the provenance's figures are the deployed
-optimizer's (normmlp_v3: the overshoot brake, `NormMLPLOpt.overshoot_gain`; celo2_v4 and
-celo2_v5: the horizon rule for runs longer than 2000 steps, `Celo2LOpt.horizon_reference`, and
-for celo2_v5 the depth rule for models of more than 3 weight matrices,
-`Celo2LOpt.depth_reference`; docs/pretrained.md has the measurements).
-This version ships "celo2_v5", "celo2_v4", "celo2_v2" and "celo2_v1" (Celo2LOpt: learned,
-Muon-orthogonalized matrix updates; celo2_v5 the best measured), "normmlp_v3" and "normmlp_v2";
-docs/pretrained.md has their measurements and where they lose.
+max] steps; `load` warns past max). "deploy_options" are the hyper-parameters `load` sets on top
+of the saved config (rules that leave theta as it is, e.g. celo2_v5's horizon and depth rules,
+`lopt.rules`), with "deploy_options_reason" saying how they were chosen; they are data beside
+the theta they belong to, and `info` shows them.
+
+The update layout (`lopt.parts.layout`: how the per-parameter work is cut into blocks, which
+changes speed, not the function) is resolved once, when `load` is called: `layout=None` takes
+the platform of jax's default backend then ("cpu" or "accelerator").
+
+This version ships "celo2_v5" (the recommended one), "celo2_v4", "celo2_v2", "celo2_v1"
+(Celo2LOpt: learned, Muon-orthogonalized matrix updates), "normmlp_v3" and "normmlp_v2";
+docs/pretrained.md has a card for each: what it is, when to use it and where it loses.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 import numbers
@@ -32,35 +35,20 @@ import os
 import warnings
 from typing import Any, Optional
 
+import jax
 import optax
 
 from lopt.base import LearnedOptimizer
+from lopt.parts import layout as layout_lib
 from lopt.serialization import load_learned_optimizer
 
 __all__ = ["names", "load", "info", "load_learned_optimizer_by_name", "deployed_learned_optimizer", "theta_path",
-           "DEPLOY_OPTIONS"]
+           "deploy_options"]
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 # What every provenance file records (checked by `info`, so a shipped file cannot lack any of them).
 REQUIRED_INFO = ("name", "architecture", "gin_config", "command", "git_commit", "meta_training_steps",
                  "meta_training_hours", "hardware", "suite_summary", "licence", "theta_sha256")
-#: The hyper-parameters `load` sets on a shipped optimizer's saved config, by name. For normmlp_v3
-#: the overshoot brake, which ends the digits autoencoder's collapse; on heldout-cpu no win or loss
-#: against tuned Adam changed and final train losses moved by -10% to +16%. Not for normmlp_v2, whose
-#: held-out figures it moved materially (digits_conv_8x16_relu 4.7x higher, text_lstm_h48 +42%).
-#: docs/pretrained.md has both measurements. For celo2_v4 the horizon rule (`Celo2LOpt.horizon_reference`):
-#: past 2000 steps both step sizes times 2000/N and the learned residual of the matrix direction times
-#: (2000/N)^2. It is 1 on every run of at most 2000 steps (every heldout-cpu, lm-cpu and scaling-cpu
-#: budget: those results are unchanged, bit for bit); the exponents were chosen on validation-long-cpu.
-#: For celo2_v5 the same horizon rule (its step-size part was in place while it was meta-trained) and
-#: the depth rule (`Celo2LOpt.depth_reference`): in a model of D > 3 orthogonalized tensors the matrix
-#: step size times 3/D, chosen on validation-scaling-cpu; 1 on every model of at most 3 weight matrices.
-DEPLOY_OPTIONS = {"normmlp_v3": {"overshoot_gain": 0.2},
-                  "celo2_v4": {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0},
-                  "celo2_v5": {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0,
-                               "depth_reference": 3, "depth_power": 1.0}}
-
-
 def names() -> list[str]:
     """The names of the shipped meta-trained optimizers, sorted.
 
@@ -105,7 +93,7 @@ def info(name: str) -> dict:
       "meta_training_steps", "meta_training_hours", "hardware", "suite_summary" (its measured
       results against tuned Adam on held-out tasks, where it loses included), "licence",
       "theta_sha256"; the "architecture" with its "config" (as meta-trained); and "deploy_options",
-      what `load` changes in that config (`DEPLOY_OPTIONS`; {} for none).
+      what `load` changes in that config ({} for none; `deploy_options`).
 
     Raises:
       ValueError: `name` is not shipped, or its provenance file lacks a required entry.
@@ -117,14 +105,29 @@ def info(name: str) -> dict:
     if missing:
         raise ValueError(f"the provenance file of pretrained optimizer {name!r} lacks {missing}")
     record = copy.deepcopy(record)
-    record["deploy_options"] = dict(DEPLOY_OPTIONS.get(name, {}))
+    options = record.setdefault("deploy_options", {})
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ValueError(f"the provenance file of pretrained optimizer {name!r} has deploy_options {options!r}: "
+                         f"expected an object of hyper-parameter names to values")
     return record
+
+
+def deploy_options(name: str) -> dict:
+    """What `load` sets on a shipped optimizer's saved config, as its provenance file records it.
+
+    Args:
+      name: one of `names()`.
+
+    Returns:
+      A fresh dict {hyper-parameter: value} ({} when `load` uses the config as meta-trained).
+    """
+    return dict(info(name)["deploy_options"])
 
 
 def load_learned_optimizer_by_name(name: str) -> tuple[LearnedOptimizer, Any]:
     """The shipped optimizer's architecture and theta, its file checked against the recorded SHA-256.
 
-    The architecture is the saved config as meta-trained; `load` applies `DEPLOY_OPTIONS` on top
+    The architecture is the saved config as meta-trained; `load` applies `deploy_options` on top
     (`deployed_learned_optimizer`).
 
     Args:
@@ -157,7 +160,7 @@ def _load(name: str) -> tuple[dict, LearnedOptimizer, Any]:
 
 
 def deployed_learned_optimizer(name: str) -> tuple[LearnedOptimizer, Any]:
-    """The architecture and theta `load` uses: the saved config with its `DEPLOY_OPTIONS` applied
+    """The architecture and theta `load` uses: the saved config with its `deploy_options` applied
     (none: exactly `load_learned_optimizer_by_name`).
 
     Args:
@@ -185,12 +188,12 @@ def _deployed(name: str, record: dict, learned_opt: LearnedOptimizer) -> Learned
 
 
 def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers: Any = None,
-         strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
+         strict_roles: bool = False, layout: Any = None) -> optax.GradientTransformationExtraArgs:
     """A shipped meta-trained optimizer as an optax transform.
 
     Use it as any optax optimizer; it reads the params, so pass them (and, optionally, the loss):
     `updates, state = tx.update(grads, state, params, loss=loss)`. The architecture is the saved
-    one with its `DEPLOY_OPTIONS` applied (`deployed_learned_optimizer`).
+    one with its `deploy_options` applied (`deployed_learned_optimizer`).
 
     Args:
       name: one of `names()`.
@@ -202,6 +205,9 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
         `NormMLPLOpt`): a pytree of `lopt.param_roles.ParamRole` / `optax.contrib.MuonDimensionNumbers`
         / None, or a callable (path, shape) -> one of them. None: infer every role.
       strict_roles: raise on a parameter whose input axes cannot be inferred, instead of warning.
+      layout: the update layout ("cpu", "accelerator" or a `lopt.parts.layout.UpdateLayout`); None:
+        the platform of `jax.default_backend()`, read once, now (`lopt.parts.layout.for_platform`).
+        It changes speed and float32 rounding, not the update.
 
     Returns:
       An `optax.GradientTransformationExtraArgs`.
@@ -216,6 +222,9 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
     """
     record, learned_opt, theta = _load(name)
     learned_opt = _deployed(name, record, learned_opt)
+    if hasattr(learned_opt, "layout"):
+        chosen = layout_lib.for_platform(jax.default_backend()) if layout is None else layout
+        learned_opt = dataclasses.replace(learned_opt, layout=chosen)
     needs_horizon = bool(getattr(learned_opt, "use_num_steps", False))
     if num_steps is None and needs_horizon:
         raise ValueError(f"pretrained optimizer {name!r} schedules its step size by training progress: pass "

@@ -133,7 +133,7 @@ def test_a_horizon_past_the_meta_training_ones_warns():
 
 
 def test_celo2_v4_is_deployed_with_the_horizon_rule_that_leaves_runs_up_to_2000_steps_as_they_were():
-    """load("celo2_v4") applies DEPLOY_OPTIONS' horizon rule: on a run of ≤ 2000 steps every update is
+    """load("celo2_v4") applies its deploy_options' horizon rule: on a run of ≤ 2000 steps every update is
     the meta-trained config's, bit for bit (so the heldout-cpu, lm-cpu and scaling-cpu figures stand);
     on a longer run the steps are smaller."""
     options = {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0}
@@ -164,7 +164,7 @@ def test_celo2_v4_is_deployed_with_the_horizon_rule_that_leaves_runs_up_to_2000_
 
 
 def test_celo2_v5_is_deployed_with_the_horizon_and_depth_rules():
-    """load("celo2_v5") applies DEPLOY_OPTIONS: on a model of at most 3 weight matrices and a run of
+    """load("celo2_v5") applies its deploy_options: on a model of at most 3 weight matrices and a run of
     ≤ 2000 steps the update is the meta-trained config's; in a model of 6 weight matrices every
     matrix step is 3/6 of it and the other tensors' steps are unchanged."""
     options = {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0,

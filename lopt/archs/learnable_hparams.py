@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt import features as ft
+from lopt.parts import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.nn import logit
+from lopt.parts.nn import logit
+from lopt.parts import tree_checks
 
 
 def _scalar(x: float) -> jax.Array:
@@ -51,7 +52,7 @@ def in_float32(inner: optax.GradientTransformation, name: str) -> optax.Gradient
 
     def update_fn(updates, state, params=None, **extra_args):
         if params is not None:
-            ft.check_grads_match_params(updates, params, name)
+            tree_checks.check_grads_match_params(updates, params, name)
         new, state = inner.update(_to_float32(updates), state, _to_float32(params), **extra_args)
         like = updates if params is None else params
         return jax.tree_util.tree_map(lambda u, x: jnp.asarray(u).astype(jnp.result_type(x)), new, like), state

@@ -11,8 +11,11 @@ import pytest
 
 import lopt
 from lopt import param_roles
-from lopt.orthogonal import newton_schulz
-from lopt.orthogonal.celo2_lopt import is_orthogonalized, matrix_depth
+from lopt.parts import newton_schulz
+from lopt.parts.newton_schulz import is_orthogonalized
+from lopt.rules.depth import matrix_depth
+from lopt.rules import schedule
+from lopt.rules import horizon
 
 
 def _params():
@@ -135,7 +138,7 @@ def test_dimension_numbers_refuse_leaves_that_are_not_matrices(shape, role):
 def test_cosine_schedule_scales_both_step_sizes_and_leaves_celo2_v1_configs_unchanged():
     """With schedule="cosine" each step is the constant schedule's times σ(t, N) (the Adam path
     exactly, the orthogonalized one up to Newton–Schulz's normalisation); "constant" stays out of config()."""
-    from lopt import features as ft
+    from lopt.parts import features as ft
     const, cos = lopt.Celo2LOpt(), lopt.Celo2LOpt(schedule="cosine")
     assert "schedule" not in const.config() and cos.config()["schedule"] == "cosine"
     theta = const.init(jax.random.key(0))
@@ -143,18 +146,18 @@ def test_cosine_schedule_scales_both_step_sizes_and_leaves_celo2_v1_configs_unch
     n = 40
     a, b = _run(const.opt_fn(theta, num_steps=n), params, n=3), _run(cos.opt_fn(theta, num_steps=n), params, n=3)
     for t in range(3):
-        sigma = float(ft.prior_schedule("cosine", jnp.asarray(t), n))
+        sigma = float(schedule.prior_schedule("cosine", jnp.asarray(t), n))
         assert sigma < 1.0
         # the first step moves params identically; later steps see different params, so compare step 0 only
         if t == 0:
             chex.assert_trees_all_close(b[0], jax.tree_util.tree_map(lambda x: sigma * x, a[0]), rtol=2e-5, atol=1e-9)
-    assert float(ft.prior_schedule("cosine", jnp.asarray(n), n)) == 0.0
+    assert float(schedule.prior_schedule("cosine", jnp.asarray(n), n)) == 0.0
 
 
 def test_horizon_factor_scales_steps_past_the_reference_only():
     """horizon_reference N_ref: a run of N ≤ N_ref steps is the same as without it (bit for bit);
     past N_ref every step is (N_ref/N)^α of it, on both paths; the default stays out of config()."""
-    from lopt import features as ft
+    from lopt.parts import features as ft
     base, hz = lopt.Celo2LOpt(schedule="cosine"), lopt.Celo2LOpt(schedule="cosine", horizon_reference=100,
                                                                 horizon_power=0.5)
     assert "horizon_reference" not in base.config() and hz.config()["horizon_reference"] == 100
@@ -166,8 +169,8 @@ def test_horizon_factor_scales_steps_past_the_reference_only():
     n = 400
     a, b = _run(base.opt_fn(theta, num_steps=n), params, n=1), _run(hz.opt_fn(theta, num_steps=n), params, n=1)
     chex.assert_trees_all_close(b[0], jax.tree_util.tree_map(lambda x: 0.5 * x, a[0]), rtol=2e-5, atol=1e-9)
-    np.testing.assert_allclose(float(ft.horizon_scale(10_000, 2000, 1.0)), 0.2, rtol=1e-6)
-    assert float(ft.horizon_scale(None, 2000, 1.0)) == 1.0 == float(ft.horizon_scale(50_000, 0, 0.5))
+    np.testing.assert_allclose(float(horizon.horizon_scale(10_000, 2000, 1.0)), 0.2, rtol=1e-6)
+    assert float(horizon.horizon_scale(None, 2000, 1.0)) == 1.0 == float(horizon.horizon_scale(50_000, 0, 0.5))
     with pytest.raises(ValueError, match="horizon_reference"):
         lopt.Celo2LOpt(horizon_reference=-1)
     with pytest.raises(ValueError, match="horizon_power"):

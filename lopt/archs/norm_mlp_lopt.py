@@ -57,12 +57,13 @@ No theta can make an element's step larger than base_lr · e^range · c (times �
 With `vector_rule="adam"` (Celo2's deployment: Adam for 1-D parameters), vectors skip the MLP
 and the normalization: Δp = −η_vector · a.
 
-With `overshoot_gain` κ > 0 every step is scaled by `lopt.overshoot_brake`'s α_t ≤ 1, which falls
+With `overshoot_gain` κ > 0 every step is scaled by `lopt.rules.overshoot_brake`'s α_t ≤ 1, which falls
 while gradients point back along the last step (an η too large for the task), else returns to 1.
 
 How it is computed: each feature's RMS normalisation is folded into the residual MLP's
-first-layer weights, and the MLP runs as unrolled multiply-adds over blocks of `BLOCK` elements,
-so the update never forms an [n, F] feature array or an [n, H] activation.
+first-layer weights, and the MLP runs as unrolled multiply-adds over blocks (`BLOCK` elements with
+the CPU layout, `lopt.parts.layout`), so the update never forms an [n, F] feature array or an
+[n, H] activation.
 """
 from __future__ import annotations
 
@@ -73,18 +74,19 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt import features as ft
 from lopt import param_roles
-from lopt.base import LearnedOptimizer, added_option
-from lopt.moment_features import accumulate, momentum_index, normalized_feature_mlp
-from lopt.nn import bounded_step_sizes, dense_init, step_size_head_init
-from lopt.overshoot_brake import check_options as check_overshoot_options
-from lopt.overshoot_brake import overshoot_brake
+from lopt.base import LearnedOptimizer, added_option, layout_option
+from lopt.parts import features as ft
+from lopt.parts import tree_checks
+from lopt.parts.moment_features import MomentFeatures, accumulate, normalized_feature_mlp
+from lopt.parts.newton_schulz import orthogonalize
+from lopt.parts.nn import later_layers, residual_mlp_init
+from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
+from lopt.rules import overshoot_brake, schedule
 
 DECAYS = (0.5, 0.9, 0.99, 0.999)
 VECTOR_RULES = ("learned", "adam")
-SCHEDULES, WARMUP_FRACTION = ft.SCHEDULES, ft.WARMUP_FRACTION
-# elements per block of the residual MLP: a block's features and hidden units stay in cache, and no
+# elements per block of the residual MLP with the CPU layout: a block's features and hidden units stay in cache, and no
 # temporary of the tensor's size exists (XLA on CPU page-faults those in on every call)
 BLOCK = 16384
 
@@ -106,11 +108,7 @@ class NormMLPLOptState(NamedTuple):
     scales: Any
 
 
-def _rms(x: jax.Array) -> jax.Array:
-    return jnp.sqrt(jnp.mean(jnp.square(x)))
-
-
-class NormMLPLOpt(LearnedOptimizer):
+class NormMLPLOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
     """Normalized Adam-plus-learned-residual update with a learned, bounded step size.
 
     The math is in the module docstring. Theta: {"mlp": {"input": {"w" [F, H], "w_time" [T, H],
@@ -147,9 +145,10 @@ class NormMLPLOpt(LearnedOptimizer):
         at zero still moves.
       fan_in_ref: c₀ ≥ 0; with `relative_step`, multiply each matrix's scale by √(c₀ / fan_in), μP's
         1/fan_in step for Adam-type updates (0: off); fan_in from each leaf's role (`lopt.param_roles`).
-      overshoot_gain: κ ≥ 0 of the overshoot brake (`lopt.overshoot_brake`; 0: off). The state is
+      overshoot_gain: κ ≥ 0 of the overshoot brake (`lopt.rules.overshoot_brake`; 0: off). The state is
         then an `overshoot_brake.OvershootBrakeState` around the `NormMLPLOptState`.
       overshoot_threshold: the brake's threshold c₀ in [0, 1) on the cosine of a gradient and the last step.
+      layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
     hidden_size: int = 16
@@ -173,6 +172,7 @@ class NormMLPLOpt(LearnedOptimizer):
     fan_in_ref: float = added_option(0.0)
     overshoot_gain: float = added_option(0.0)
     overshoot_threshold: float = added_option(0.15)
+    layout: Any = layout_option()
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
@@ -189,29 +189,19 @@ class NormMLPLOpt(LearnedOptimizer):
             raise ValueError(f"unknown vector_rule {self.vector_rule!r}; known: {VECTOR_RULES}")
         if self.residual_bound < 0:
             raise ValueError(f"residual_bound must be >= 0 (0: unbounded), got {self.residual_bound}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; known: {SCHEDULES}")
+        schedule.check_schedule(self.schedule)
         if not self.relative_floor > 0:
             raise ValueError(f"relative_floor must be > 0, got {self.relative_floor}")
         if not self.fan_in_ref >= 0:
             raise ValueError(f"fan_in_ref must be >= 0 (0: off), got {self.fan_in_ref}")
         if self.fan_in_ref > 0 and not self.relative_step:
             raise ValueError("fan_in_ref scales the relative step: it needs relative_step=True")
-        check_overshoot_options(self.overshoot_gain, self.overshoot_threshold)
+        overshoot_brake.check_options(self.overshoot_gain, self.overshoot_threshold)
 
     @property
-    def _mom_idx(self) -> int:
-        return momentum_index(self.decays)
-
-    @property
-    def num_features(self) -> int:
-        """F = K + 5, the number of per-parameter features."""
-        return len(self.decays) + 5
-
-    @property
-    def num_context(self) -> int:
-        """C = T + 5, the inputs of the step-size MLP (step embedding, progress, loss features)."""
-        return len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
+    def base_step_sizes(self) -> float:
+        """η of a fresh theta, for matrices and vectors alike: `base_lr`."""
+        return self.base_lr
 
     def init(self, key: jax.Array) -> dict:
         """Initial theta: normalized Adam at `base_lr` plus a small random residual.
@@ -223,31 +213,12 @@ class NormMLPLOpt(LearnedOptimizer):
           theta (see the class docstring); the step-size head's output layer is zero.
         """
         k_in, k_hidden, k_out, k_lr = jax.random.split(key, 4)
-        t = len(self.timescales)
-        first = dense_init(k_in, self.num_features + t, self.hidden_size)
-        mlp = {"input": {"w": first["w"][:self.num_features], "w_time": first["w"][self.num_features:],
-                         "b": first["b"]}}
-        for i, k in enumerate(jax.random.split(k_hidden, self.hidden_layers - 1), start=1):
-            mlp[f"hidden_{i}"] = dense_init(k, self.hidden_size, self.hidden_size)
-        out = dense_init(k_out, self.hidden_size, 1)
-        mlp["output"] = {"w": out["w"] * self.residual_init, "b": out["b"]}
+        f = self.num_features
+        mlp = residual_mlp_init((k_in, k_hidden, k_out), f + len(self.timescales), self.hidden_size,
+                                self.hidden_layers, self.residual_init)
+        first = mlp["input"]
+        mlp["input"] = {"w": first["w"][:f], "w_time": first["w"][f:], "b": first["b"]}
         return {"mlp": mlp, "lr": step_size_head_init(k_lr, self.num_context, self.lr_hidden_size, 2)}
-
-    def step_sizes(self, theta: dict, iteration: jax.Array, num_steps: Optional[Any], loss_feats: jax.Array):
-        """The learned step sizes (η_matrix, η_vector) at step t.
-
-        Args:
-          theta: meta-parameters.
-          iteration: t, int32 [].
-          num_steps: the horizon N (may be traced or None); ignored unless `use_num_steps`.
-          loss_feats: float32 [2], from `features.loss_features`.
-
-        Returns:
-          float32 [2]: base_lr · exp(log_lr_range · tanh(s)).
-        """
-        progress = ft.progress_features(iteration, num_steps if self.use_num_steps else None)
-        z = jnp.concatenate([ft.step_embedding(iteration, self.timescales), progress, loss_feats])
-        return bounded_step_sizes(theta["lr"], z, self.base_lr, self.log_lr_range)
 
     def step_scale(self, p: jax.Array, role=None) -> jax.Array:
         """ρ(p) of a tensor at init, with `relative_step`: max(rms(p), relative_floor) for a matrix
@@ -266,7 +237,7 @@ class NormMLPLOpt(LearnedOptimizer):
             role = param_roles.infer(p)
         if not self.relative_step or role.kind == "vector" or jnp.size(p) == 0:
             return jnp.ones((), jnp.float32)
-        scale = jnp.maximum(_rms(jnp.asarray(p, jnp.float32)), self.relative_floor)
+        scale = jnp.maximum(ft.rms(jnp.asarray(p, jnp.float32)), self.relative_floor)
         if self.fan_in_ref > 0 and role.kind == "matrix":
             scale = scale * math.sqrt(self.fan_in_ref / role.fan_in(jnp.shape(p)))
         return scale
@@ -282,7 +253,7 @@ class NormMLPLOpt(LearnedOptimizer):
           float32 []: 1 for "constant" or N None; for "cosine", min((t+1)/w, 1) · ½(1 + cos(π·min(t/N, 1)))
           with w = max(1, ⌈0.05 N⌉).
         """
-        return ft.prior_schedule(self.schedule, iteration, num_steps)
+        return schedule.prior_schedule(self.schedule, iteration, num_steps)
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False,
                weight_dimension_numbers: Any = None, strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
@@ -306,11 +277,7 @@ class NormMLPLOpt(LearnedOptimizer):
         roles_of = lambda params: param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
         self.check_theta(theta, "NormMLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
-        mlp = theta["mlp"]
-        # momentum 0: scale_by_muon is then the Newton–Schulz orthogonalization of its input matrix
-        ortho = optax.contrib.scale_by_muon(
-            beta=0.0, nesterov=False,
-            weight_dimension_numbers=optax.contrib.MuonDimensionNumbers(reduction_axis=0, output_axis=1))
+        mlp, idx, layout = theta["mlp"], self.momentum_index, self.update_layout
 
         def init_fn(params):
             k = len(self.decays)
@@ -319,13 +286,12 @@ class NormMLPLOpt(LearnedOptimizer):
             scales = jax.tree_util.tree_map(self.step_scale, params, roles_of(params))
             return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(), scales)
 
-        later_layers = [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
-        later_layers.append((mlp["output"]["w"], mlp["output"]["b"]))
+        rest = later_layers(mlp, self.hidden_layers)
 
         def residual(g32: jax.Array, p32: jax.Array, m: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:
             """The learned residual r [n] of one tensor (g, p, v [n], m [K, n]), its first-layer bias
             carrying the step embedding (`moment_features.normalized_feature_mlp`)."""
-            return normalized_feature_mlp(g32, p32, m, v, self._mom_idx, (mlp["input"]["w"], bias), later_layers, BLOCK)
+            return normalized_feature_mlp(g32, p32, m, v, idx, (mlp["input"]["w"], bias), rest, BLOCK, layout)
 
         def update_leaf(g, p, m, v, scale, role, t, bias, lrs):
             shape, k = jnp.shape(p), len(self.decays)
@@ -337,7 +303,7 @@ class NormMLPLOpt(LearnedOptimizer):
             m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
             m, v = m.reshape(k, n), v.reshape(-1)
             t1 = (t + 1).astype(jnp.float32)
-            m_hat = m[self._mom_idx] / (1.0 - self.decays[self._mom_idx] ** t1)
+            m_hat = m[idx] / (1.0 - self.decays[idx] ** t1)
             v_hat = v / (1.0 - self.rms_decay ** t1)
             adam = m_hat / (jnp.sqrt(v_hat) + 1e-8)
             is_matrix = role.kind != "vector"
@@ -350,26 +316,27 @@ class NormMLPLOpt(LearnedOptimizer):
                     r = self.residual_bound * jnp.tanh(r / self.residual_bound)
                 u = adam + r
                 if self.orthogonalize and role.kind == "matrix" and len(shape) == 2 and min(shape) > 1:
-                    mat = u.reshape(shape)
-                    u = ortho.update(mat, ortho.init(mat))[0].reshape(-1)
+                    u = orthogonalize(u.reshape(shape), param_roles.MATRIX).reshape(-1)
                 if self.normalize_update:
-                    u = u / (_rms(u) + 1e-8)
+                    u = u / (ft.rms(u) + 1e-8)
                 u = jnp.clip(u, -self.clip_value, self.clip_value)
                 step = lr * u
             step = step * scale
             return ((-step).reshape(shape).astype(jnp.result_type(p)), m.reshape((k,) + shape), v.reshape(shape))
 
         def update_fn(updates, state, params=None, **extra_args):
-            ft.require_params(updates, params, "NormMLPLOpt")
+            tree_checks.require_params(updates, params, "NormMLPLOpt")
             loss_feats, loss_state = ft.loss_features(extra_args.get("loss"), state.loss_state)
             t = state.iteration
             lrs = self.step_sizes(theta, t, num_steps, loss_feats) * self.prior_schedule(t, num_steps)
             bias = mlp["input"]["b"] + ft.step_embedding(t, self.timescales) @ mlp["input"]["w_time"]
-            treedef, gs, (ps, ms, vs, ss, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment,
+            treedef, gs, (ps, ms, vs, ss, rs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment,
                                                              state.scales, roles_of(params))
             leaves = [update_leaf(g, p, m, v, sc, r, t, bias, lrs) for g, p, m, v, sc, r in zip(gs, ps, ms, vs, ss, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, NormMLPLOptState(momenta, second, t + 1, loss_state, state.scales)
 
         tx = optax.GradientTransformationExtraArgs(init_fn, update_fn)
-        return overshoot_brake(tx, self.overshoot_gain, self.overshoot_threshold) if self.overshoot_gain > 0 else tx
+        if self.overshoot_gain > 0:
+            tx = overshoot_brake.overshoot_brake(tx, self.overshoot_gain, self.overshoot_threshold)
+        return tx

@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt import adafac_mlp_lopt as adafac
-from lopt.adafac_mlp_lopt import AdafacState
-from lopt import features as ft
-from lopt.base import LearnedOptimizer
-from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
+from lopt.archs import adafac_mlp_lopt as adafac
+from lopt.archs.adafac_mlp_lopt import AdafacState
+from lopt.parts import features as ft
+from lopt.base import LearnedOptimizer, layout_option
+from lopt.parts.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
+from lopt.parts import tree_checks
 
 
 class HyperLOptState(NamedTuple):
@@ -49,7 +50,7 @@ class HyperLOptState(NamedTuple):
 class HyperLOpt(LearnedOptimizer):
     """Per-tensor LSTM hypernetwork emitting each tensor's per-parameter MLP weights.
 
-    The math is in the module docstring. Theta: {"lstm": `lopt.nn.lstm_init`, "generator" G [H, P],
+    The math is in the module docstring. Theta: {"lstm": `lopt.parts.nn.lstm_init`, "generator" G [H, P],
     "w_base" [P], "w_lr" [H], "decays": `adafac_mlp_lopt.decay_logits(...)`} (decays learned as
     β = σ(θ_β), as in AdafacMLPLOpt).
 
@@ -64,6 +65,7 @@ class HyperLOpt(LearnedOptimizer):
       step_mult: the step's scale.
       exp_mult: the magnitude output's scale inside exp.
       timescales: τ of the step embedding tanh(t/τ − 1).
+      layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
     lstm_hidden: int = 16
@@ -76,6 +78,7 @@ class HyperLOpt(LearnedOptimizer):
     step_mult: float = 1e-3
     exp_mult: float = 1e-3
     timescales: tuple[float, ...] = ft.TIMESCALES
+    layout: Any = layout_option()
 
     def check_config(self) -> None:
         if min(self.lstm_hidden, self.mlp_hidden, self.mlp_layers) < 1:
@@ -129,9 +132,9 @@ class HyperLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            ft.require_params(updates, params, "HyperLOpt")
+            tree_checks.require_params(updates, params, "HyperLOpt")
             acc_state = state.accumulators
-            treedef, gs, (ps, ms, vs, rows, cols) = ft.leaves_of(
+            treedef, gs, (ps, ms, vs, rows, cols) = tree_checks.leaves_of(
                 updates, params, acc_state.momenta, acc_state.rms, acc_state.fac_row, acc_state.fac_col)
             loss_f, loss_state = ft.loss_features(loss, state.loss_state)
             if not gs:
@@ -150,7 +153,7 @@ class HyperLOpt(LearnedOptimizer):
                 acc = adafac.accumulate(g32, acc, dec["momentum"], dec["rms"][0], dec["adafactor"])
                 accs.append(acc)
                 feats.append(adafac.leaf_features(g32, p32, acc))
-                stats.append(adafac.feature_mean_squares(g32, p32, acc))
+                stats.append(adafac.feature_mean_squares(g32, p32, acc, layout=self.update_layout))
             stats = jnp.stack(stats)                                                     # [L, F]
             ctx = ft.context_features(acc_state.iteration, self.timescales, num_steps, loss_f)
             z = ft.tensor_lstm_inputs(stats, ps, ctx)

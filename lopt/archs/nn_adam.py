@@ -23,9 +23,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt import features as ft
+from lopt.parts import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.nn import logit, lstm_init, lstm_step
+from lopt.parts.nn import logit, lstm_init, lstm_step
+from lopt.parts import tree_checks
 
 NUM_STATS = 4
 
@@ -57,7 +58,7 @@ class NNAdam(LearnedOptimizer):
     """Adam whose lr, β1, β2, ε per tensor and step come from an LSTM over tensor statistics.
 
     The math is in the module docstring; with the head's output o = 0 it is Adam(learning_rate,
-    b1, b2, eps). Theta: {"lstm": `lopt.nn.lstm_init`, "output": {"w" [H, 4], "b" [4]}}.
+    b1, b2, eps). Theta: {"lstm": `lopt.parts.nn.lstm_init`, "output": {"w" [H, 4], "b" [4]}}.
 
     Args:
       lstm_hidden: H, the LSTM's state width.
@@ -107,8 +108,8 @@ class NNAdam(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            ft.require_params(updates, params, "NNAdam")
-            treedef, gs, (ps, mus, nus) = ft.leaves_of(updates, params, state.mu, state.nu)
+            tree_checks.require_params(updates, params, "NNAdam")
+            treedef, gs, (ps, mus, nus) = tree_checks.leaves_of(updates, params, state.mu, state.nu)
             loss_f, loss_state = ft.loss_features(loss, state.loss_state)
             if not gs:
                 return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)

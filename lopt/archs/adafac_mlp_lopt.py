@@ -33,9 +33,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt import features as ft
-from lopt.base import LearnedOptimizer
-from lopt.nn import elementwise_mlp, logit, per_param_mlp_init, shared_bias
+from lopt.parts import features as ft
+from lopt.base import LearnedOptimizer, layout_option
+from lopt.parts.layout import CPU, UpdateLayout
+from lopt.parts.nn import elementwise_mlp, logit, per_param_mlp_init, shared_bias
+from lopt.parts import tree_checks
 
 
 class AdafacState(NamedTuple):
@@ -142,7 +144,7 @@ MIN_ROW_BLOCKS = 2
 
 
 def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Optional[int] = None,
-                         min_blocks: Optional[int] = None) -> jax.Array:
+                         min_blocks: Optional[int] = None, layout: UpdateLayout = CPU) -> jax.Array:
     """mean(x_f²) over the tensor for each feature of `leaf_features`, in its order: [F].
 
     A matrix of at least `min_blocks` blocks of ⌊block / cols⌋ rows is reduced block by block
@@ -155,8 +157,9 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Opti
       g: the gradient, float32 [*s].
       p: the parameter, float32 [*s].
       acc: the tensor's accumulators, already updated with g (`accumulate`).
-      block: parameters per block; None: `features.SUM_BLOCK` (131072).
+      block: parameters per block; None: the layout's `sum_block`.
       min_blocks: the fewest row blocks worth splitting a matrix into; None: `MIN_ROW_BLOCKS` (2).
+      layout: the update layout (`lopt.parts.layout`) that cuts the sums into blocks.
 
     Returns:
       float32 [F], F = `num_leaf_features(K_m, K_f)`.
@@ -164,16 +167,17 @@ def feature_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block: Opti
     if g.ndim < 2:
         return jnp.stack([jnp.mean(jnp.square(x)) for x in jnp.broadcast_arrays(*leaf_features(g, p, acc))])
     rows, cols = g.shape[-2:]
-    block_rows = max(1, min(rows, (ft.SUM_BLOCK if block is None else block) // cols))
+    block_rows = max(1, min(rows, (layout.sum_block if block is None else block) // cols))
     min_blocks = MIN_ROW_BLOCKS if min_blocks is None else min_blocks
     if g.ndim > 2 or rows < max(min_blocks, 2) * block_rows:
         return _matrix_mean_squares(g, p, acc)
-    return _blockwise_mean_squares(g, p, acc, block_rows)
+    return _blockwise_mean_squares(g, p, acc, block_rows, layout)
 
 
-def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block_rows: int) -> jax.Array:
+def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block_rows: int,
+                            layout: UpdateLayout) -> jax.Array:
     """`feature_mean_squares` of a [rows, cols] matrix of at least 2 blocks, summed over blocks of
-    `block_rows` rows (`features.blockwise_sum`).
+    `block_rows` rows (`UpdateLayout.blockwise_sum`).
 
     The factored features are x·rr_j·cr_j with x in (g, m_1..m_K): rank-1 factors u_j = rr_j² per
     row and w_j = cr_j² per column, so Σ_rc (x rr_j cr_j)² = Σ_r u_jr (x² w_jᵀ)_r: per block one
@@ -199,7 +203,7 @@ def _blockwise_mean_squares(g: jax.Array, p: jax.Array, acc: LeafAccum, block_ro
         fac = jnp.einsum("qrj,jr->qj", xw, sl(u_all, 1))                                      # [1+K, K_f]
         return jnp.concatenate([jnp.stack(plain), fac.reshape(-1)])
 
-    sums = ft.blockwise_sum(block_sums, g.shape[0], block_rows, min_blocks=2) / g.size  # the caller chose blocks
+    sums = layout.blockwise_sum(block_sums, g.shape[0], block_rows, min_blocks=2) / g.size  # the caller chose blocks
     n_plain = 4 + 2 * n_mom
     fac = sums[n_plain:].reshape(1 + n_mom, -1)
     return jnp.concatenate([sums[:n_plain], fac[0], jnp.mean(u_all, axis=-1), jnp.mean(w, axis=-1), fac[1:].reshape(-1)])
@@ -248,7 +252,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
     """small_fc_lopt: a per-parameter MLP (hidden 4) over momentum/RMS/factored features.
 
     Accumulators, features and the step Δp = −d · exp(m · exp_mult) · step_mult are in the module
-    docstring. Theta: the per-parameter MLP of `lopt.nn.per_param_mlp_init` (F inputs, 2 outputs)
+    docstring. Theta: the per-parameter MLP of `lopt.parts.nn.per_param_mlp_init` (F inputs, 2 outputs)
     plus "decays": `decay_logits(...)`, every decay learned as β = σ(θ_β).
 
     Args:
@@ -262,6 +266,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
       timescales: τ of the step embedding tanh(t/τ − 1).
       use_num_steps: also feed the progress features (min(t/N, 1), log1p(N)/10, 1), N the
         `num_steps` given to `opt_fn` (zeros when it is None).
+      layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
     hidden_size: int = 4
@@ -273,6 +278,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
     exp_mult: float = 1e-3
     timescales: tuple[float, ...] = ft.TIMESCALES
     use_num_steps: bool = False
+    layout: Any = layout_option()
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1 or not self.momentum_decays or not self.adafactor_decays:
@@ -313,7 +319,7 @@ class AdafacMLPLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args
-            ft.require_params(updates, params, "AdafacMLPLOpt")
+            tree_checks.require_params(updates, params, "AdafacMLPLOpt")
             dec = jax.tree_util.tree_map(jax.nn.sigmoid, theta["decays"])
             bias = shared_bias(theta["input"], state.iteration, self.timescales, num_steps)
             rest = [(theta[f"hidden_{i}"]["w"], theta[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
@@ -326,12 +332,12 @@ class AdafacMLPLOpt(LearnedOptimizer):
                 g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
                 acc = accumulate(g32, acc, dec["momentum"], dec["rms"][0], dec["adafactor"])
                 feats = leaf_features(g32, p32, acc)
-                w1 = theta["input"]["w"] * jax.lax.rsqrt(feature_mean_squares(g32, p32, acc) + ft.EPS)[:, None]
+                w1 = theta["input"]["w"] * jax.lax.rsqrt(feature_mean_squares(g32, p32, acc, layout=self.update_layout) + ft.EPS)[:, None]
                 d, mag = elementwise_mlp(feats, [(w1, bias)] + rest)
                 step = d * jnp.exp(mag * self.exp_mult) * self.step_mult
                 return jnp.broadcast_to(-step, jnp.shape(p)).astype(jnp.result_type(p)), acc
 
-            treedef, gs, (ps, ms, vs, rows, cols) = ft.leaves_of(
+            treedef, gs, (ps, ms, vs, rows, cols) = tree_checks.leaves_of(
                 updates, params, state.momenta, state.rms, state.fac_row, state.fac_col)
             outs = [leaf(*args) for args in zip(gs, ps, ms, vs, rows, cols)]
             unf = lambda xs: treedef.unflatten(list(xs))

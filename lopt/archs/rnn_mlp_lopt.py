@@ -25,10 +25,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt import features as ft
-from lopt.base import LearnedOptimizer
-from lopt.moment_features import accumulate, feature_sum_squares, init_accumulators, leaf_features, momentum_index
-from lopt.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
+from lopt.parts import features as ft
+from lopt.base import LearnedOptimizer, layout_option
+from lopt.parts.moment_features import (MomentFeatures, accumulate, feature_sum_squares, init_accumulators,
+                                        leaf_features)
+from lopt.parts.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
+from lopt.parts import tree_checks
 
 
 class RNNMLPLOptState(NamedTuple):
@@ -50,11 +52,11 @@ class RNNMLPLOptState(NamedTuple):
     iteration: jax.Array
 
 
-class RNNMLPLOpt(LearnedOptimizer):
+class RNNMLPLOpt(MomentFeatures, LearnedOptimizer):
     """Per-tensor LSTM over tensor statistics, loss and progress -> conditions a per-parameter MLP.
 
     The LSTM's inputs, the conditioning and the step Δp = −d · exp(m · exp_mult) · step_mult ·
-    exp(h_i · w_lr) are in the module docstring. Theta: {"lstm": `lopt.nn.lstm_init`,
+    exp(h_i · w_lr) are in the module docstring. Theta: {"lstm": `lopt.parts.nn.lstm_init`,
     "w_cond" [H_lstm, H_mlp], "w_lr" [H_lstm], "input" / "hidden_i" / "output": the MLP's dense layers}.
 
     Args:
@@ -66,6 +68,7 @@ class RNNMLPLOpt(LearnedOptimizer):
       step_mult: the step's scale.
       exp_mult: the magnitude output's scale inside exp.
       timescales: τ of the step embedding tanh(t/τ − 1).
+      layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
     lstm_hidden: int = 16
@@ -76,19 +79,11 @@ class RNNMLPLOpt(LearnedOptimizer):
     step_mult: float = 1e-3
     exp_mult: float = 1e-3
     timescales: tuple[float, ...] = ft.TIMESCALES
+    layout: Any = layout_option()
 
     def check_config(self) -> None:
         if min(self.lstm_hidden, self.mlp_hidden, self.mlp_layers) < 1 or not self.decays:
             raise ValueError("RNNMLPLOpt needs positive sizes and at least one decay")
-
-    @property
-    def _mom_idx(self) -> int:
-        return momentum_index(self.decays)
-
-    @property
-    def num_features(self) -> int:
-        """F = K + 5, the number of per-parameter features."""
-        return len(self.decays) + 5
 
     @property
     def num_lstm_inputs(self) -> int:
@@ -136,8 +131,8 @@ class RNNMLPLOpt(LearnedOptimizer):
 
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
-            ft.require_params(updates, params, "RNNMLPLOpt")
-            treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
+            tree_checks.require_params(updates, params, "RNNMLPLOpt")
+            treedef, gs, (ps, ms, vs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment)
             loss_f, loss_state = ft.loss_features(loss, state.loss_state)
             ctx = ft.context_features(state.iteration, self.timescales, num_steps, loss_f)
             nfeat = self.num_features
@@ -152,12 +147,12 @@ class RNNMLPLOpt(LearnedOptimizer):
                     continue
                 g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
                 m, v = accumulate(g32, m, v, decays, self.rms_decay)
-                x = leaf_features(g32, p32, m, v, self._mom_idx)
+                x = leaf_features(g32, p32, m, v, self.momentum_index)
                 accs.append((m, v))
                 feats.append(x)
                 n = jnp.size(p)
                 stats.append(feature_sum_squares(g32.reshape(-1), p32.reshape(-1), m.reshape(len(self.decays), n),
-                                                 v.reshape(-1), self._mom_idx) / n)
+                                                 v.reshape(-1), self.momentum_index, self.update_layout) / n)
             if not gs:
                 return updates, state._replace(iteration=state.iteration + 1, loss_state=loss_state)
             stats = jnp.stack(stats)                                                   # [L, F]

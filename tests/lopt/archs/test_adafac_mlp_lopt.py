@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import lopt.adafac_mlp_lopt as am
+import lopt.archs.adafac_mlp_lopt as am
 
 
 def _accum(shape, key):

@@ -4,6 +4,7 @@ parameter's dtype, checked inputs).
 
 Tiny params trees (a matrix, a bf16-able vector, a scalar, a 0-size leaf) keep compiles short.
 """
+import dataclasses
 import functools
 import re
 
@@ -16,6 +17,7 @@ import pytest
 from flax.core import FrozenDict
 
 import lopt
+from lopt.parts.layout import UpdateLayout
 
 ARCHS = {
     "MLPLOpt": lambda: lopt.MLPLOpt(hidden_size=8, use_num_steps=True),
@@ -197,19 +199,23 @@ def test_mlp_lopt_chunk_size_does_not_change_updates():
     chex.assert_trees_all_close(ups[0], ups[1], rtol=1e-5, atol=1e-9)
 
 
-# the architectures whose per-tensor statistics are sums over each tensor (`features.blockwise_sum`)
+def with_layout(lo, layout):
+    """`lo` with its `layout` option set (architectures without one are returned as they are)."""
+    return dataclasses.replace(lo, layout=layout) if hasattr(lo, "layout") else lo
+
+
+# the architectures whose per-tensor statistics are sums over each tensor (`UpdateLayout.blockwise_sum`)
 SUMS_IN_BLOCKS = {"MLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt", "NormMLPLOpt", "Celo2LOpt", "HyperLOpt"}
 
 
-def test_blockwise_sums_do_not_change_updates(arch, monkeypatch):
+def test_blockwise_sums_do_not_change_updates(arch):
     """The per-tensor sums taken in blocks of 2 parameters (of 2 rows for AdafacMLPLOpt's matrix)
     give the same updates, over three steps, as whole-tensor sums, and add a loop (a `lax.map`) to
     the update of the architectures that take them; the same under vmap over two models."""
-    from lopt import features as ft
     lo, theta = arch
     params = make_params()
 
-    def steps(vmapped=False):
+    def steps(lo, vmapped=False):
         tx = lo.opt_fn(theta)
         step = lambda g, s, p: tx.update(g, s, p, loss=jnp.asarray(0.5))
         if vmapped:  # two copies of the model, as meta-training's particles run the update
@@ -225,12 +231,11 @@ def test_blockwise_sums_do_not_change_updates(arch, monkeypatch):
         loops = str(jax.make_jaxpr(step)(two(grads_for(params, 0)), two(tx.init(params)), two(params))).count("scan[")
         return out, loops
 
-    whole, whole_loops = steps()
-    monkeypatch.setattr(ft, "SUM_BLOCK", 2)
-    monkeypatch.setattr(ft, "SUM_MIN_BLOCKS", 2)
+    whole, whole_loops = steps(lo)
+    tiny_sums = with_layout(lo, UpdateLayout("tiny sums", sum_block=2, sum_min_blocks=2))
     in_blocks = type(lo).__name__ in SUMS_IN_BLOCKS
     for vmapped in (False, True):
-        blocked, blocked_loops = steps(vmapped)
+        blocked, blocked_loops = steps(tiny_sums, vmapped)
         chex.assert_trees_all_close(blocked, whole, rtol=2e-5, atol=1e-7)
         assert (blocked_loops > whole_loops) == in_blocks, (vmapped, blocked_loops, whole_loops)
 
@@ -337,18 +342,17 @@ def test_donated_train_step_updates_the_state_in_place(arch):
     assert _copies_shaped_like(hlo.as_text(), params["w"].shape) == []
 
 
-def test_accelerator_blocks_do_not_change_updates(arch, monkeypatch):
-    """Where jax computes on an accelerator (`features.on_accelerator`), the per-parameter MLPs run
-    on blocks of up to 2^22 parameters and the sums over whole tensors: on a 128 x 160 matrix (the
-    CPU's blocks: 20 of 1024 for `features.block_size`, 2 of 16384 for Celo2LOpt and NormMLPLOpt)
+def test_accelerator_blocks_do_not_change_updates(arch):
+    """With the accelerator layout (`layout="accelerator"`), the per-parameter MLPs run on blocks of
+    up to 2^22 parameters and the sums over whole tensors: on a 128 x 160 matrix (the CPU layout's
+    blocks: 20 of 1024 for `UpdateLayout.block_size`, 2 of 16384 for Celo2LOpt and NormMLPLOpt)
     the updates over two steps are the CPU-blocked ones up to float32 rounding, and the
     architectures that loop over blocks on the CPU trace no loop there."""
-    from lopt import features as ft
     lo, theta = arch
     k1, k2 = jax.random.split(jax.random.key(3))
     params = {"w": jax.random.normal(k1, (128, 160)) / 12.0, "b": jax.random.normal(k2, (160,))}
 
-    def steps():
+    def steps(lo):
         tx = lo.opt_fn(theta)
         step = jax.jit(lambda g, s, p: tx.update(g, s, p, loss=jnp.asarray(0.5)))  # a fresh jit: no shared cache
         state, out = tx.init(params), []
@@ -358,10 +362,8 @@ def test_accelerator_blocks_do_not_change_updates(arch, monkeypatch):
         jaxpr = str(jax.make_jaxpr(step)(grads_for(params, 0), tx.init(params), params))
         return out, jaxpr.count("while[") + jaxpr.count("scan[")
 
-    monkeypatch.setattr(ft, "on_accelerator", lambda: False)
-    cpu, cpu_loops = steps()
-    monkeypatch.setattr(ft, "on_accelerator", lambda: True)
-    accelerator, accelerator_loops = steps()
+    cpu, cpu_loops = steps(with_layout(lo, "cpu"))
+    accelerator, accelerator_loops = steps(with_layout(lo, "accelerator"))
     assert float(jnp.abs(cpu[-1]["w"]).max()) > 1e-5  # not a trivially tiny update
     chex.assert_trees_all_close(accelerator, cpu, rtol=2e-5, atol=1e-7)
     assert accelerator_loops <= cpu_loops

@@ -1,11 +1,11 @@
-"""lopt.overshoot_brake: the brake's step by hand, its bounds, and around a plain optax optimizer."""
+"""lopt.rules.overshoot_brake: the brake's step by hand, its bounds, and around a plain optax optimizer."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from lopt.overshoot_brake import FLOOR, OvershootBrakeState, brake_step, overshoot_brake
+from lopt.rules.overshoot_brake import FLOOR, OvershootBrakeState, brake_step, overshoot_brake
 
 
 def test_brake_step_by_hand():

@@ -19,12 +19,12 @@ constant over a tensor, so its first-layer contribution is computed once per upd
 a bias (the per-parameter matmul is F wide, not F + T). The per-tensor RMS normalisation is
 folded into the first layer's rows, W1' = diag(1/rms) W1, so features are never rescaled. A
 tensor of n ≥ `column_min_size` parameters is processed in blocks of c = `chunk_size`
-parameters, by default `features.block_size(n)` (a function of n alone on the CPU, up to 2^22
-on an accelerator); the last block overlaps
+parameters, by default the `layout` option's `block_size(n)` (`lopt.parts.layout`: a function of
+n alone, up to 32768 with the CPU layout, up to 2^22 with the accelerator layout); the last block overlaps
 the one before it, so every block is full. Each block's [F, c] features are formed from slices
 of the accumulators and the MLP runs on them column-major, h = relu(W1'ᵀ x + b), writing the
 block's update in place: no [F, n] feature array or [H, n] activation exists. The sums of
-squares behind the RMS are taken block by block on big tensors (`features.blockwise_sum`).
+squares behind the RMS are taken as the layout cuts them (`UpdateLayout.blockwise_sum`).
 Smaller tensors use a row-major MLP on their [n, F] features.
 
 Under `jax.vmap` over models every block product is one batched GEMM when each model has its own
@@ -41,10 +41,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt import features as ft
-from lopt.base import LearnedOptimizer, speed_option
-from lopt.moment_features import accumulate, feature_sum_squares, init_accumulators, leaf_features, momentum_index
-from lopt.nn import per_param_mlp_init, shared_bias
+from lopt.parts import features as ft
+from lopt.base import LearnedOptimizer, layout_option, speed_option
+from lopt.parts.moment_features import (MomentFeatures, accumulate, feature_sum_squares, init_accumulators,
+                                        leaf_features)
+from lopt.parts.layout import blockwise_map
+from lopt.parts.nn import per_param_mlp_init, shared_bias
+from lopt.parts import tree_checks
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 COLUMN_MIN_SIZE = 256  # smaller tensors use the row-major MLP
@@ -64,7 +67,7 @@ class MLPLOptState(NamedTuple):
     iteration: jax.Array
 
 
-class MLPLOpt(LearnedOptimizer):
+class MLPLOpt(MomentFeatures, LearnedOptimizer):
     """Per-parameter MLP over gradient/momentum/second-moment features and a step embedding.
 
     The features, the MLP and the step Δp = −d · exp(m · exp_mult) · step_mult are in the module
@@ -81,9 +84,10 @@ class MLPLOpt(LearnedOptimizer):
       timescales: τ of the step embedding tanh(t/τ − 1).
       use_num_steps: also feed the progress features (min(t/N, 1), log1p(N)/10, 1), N the
         `num_steps` given to `opt_fn` (zeros when it is None).
-      chunk_size: parameters per block of the column-major layout; None: `features.block_size(n)`
-        for a tensor of n parameters (speed only, not in `config()`).
+      chunk_size: parameters per block of the column-major layout; None: the `layout`'s
+        `block_size(n)` for a tensor of n parameters (speed only, not in `config()`).
       column_min_size: tensors smaller than this use the row-major MLP (speed only, not in `config()`).
+      layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
     hidden_size: int = 32
@@ -96,6 +100,7 @@ class MLPLOpt(LearnedOptimizer):
     use_num_steps: bool = False
     chunk_size: Optional[int] = speed_option(None)
     column_min_size: int = speed_option(COLUMN_MIN_SIZE)
+    layout: Any = layout_option()
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1:
@@ -104,10 +109,6 @@ class MLPLOpt(LearnedOptimizer):
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ValueError(f"MLPLOpt needs chunk_size >= 1 (or None for the devices' default), got {self.chunk_size}")
 
-    @property
-    def _mom_idx(self) -> int:
-        return momentum_index(self.decays)
-
     def block_size(self, n: int) -> int:
         """The parameters per block of a tensor of n ≥ `column_min_size` parameters.
 
@@ -115,14 +116,9 @@ class MLPLOpt(LearnedOptimizer):
           n: the tensor's number of parameters.
 
         Returns:
-          min(`chunk_size`, n), or `features.block_size(n)` when `chunk_size` is None.
+          min(`chunk_size`, n), or the layout's `block_size(n)` when `chunk_size` is None.
         """
-        return min(self.chunk_size, n) if self.chunk_size else ft.block_size(n)
-
-    @property
-    def num_features(self) -> int:
-        """F = K + 5, the number of per-parameter features."""
-        return len(self.decays) + 5
+        return min(self.chunk_size, n) if self.chunk_size else self.update_layout.block_size(n)
 
     def init(self, key: jax.Array) -> dict:
         return per_param_mlp_init(key, self.num_features, len(self.timescales),
@@ -146,7 +142,7 @@ class MLPLOpt(LearnedOptimizer):
         del is_training
         self.check_theta(theta, "MLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
-        mom_idx = self._mom_idx
+        mom_idx, layout = self.momentum_index, self.update_layout
 
         def init_fn(params):
             return MLPLOptState(*init_accumulators(params, len(self.decays)), jnp.zeros((), jnp.int32))
@@ -189,7 +185,7 @@ class MLPLOpt(LearnedOptimizer):
             m, v = accumulate(jnp.asarray(g, jnp.float32), m, v, decays, self.rms_decay)
             m, v = m.reshape(k, n), v.reshape(-1)
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
-            sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx)
+            sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx, layout)
             w1t = (theta["input"]["w"] * jax.lax.rsqrt(sum_sq / n + ft.EPS)[:, None]).T  # W1'ᵀ [H, F]
             if n < self.column_min_size:  # small tensors: row-major [n, F] @ [F, H] is cheaper
                 out = mlp_rows(w1t.T, first_bias, jnp.stack(leaf_features(g32, p32, m, v, mom_idx), axis=-1))
@@ -204,16 +200,16 @@ class MLPLOpt(LearnedOptimizer):
                     # concatenate, which its CPU backend emits as per-element code
                     return jnp.stack(jax.lax.optimization_barrier(feats))
 
-                step = ft.blockwise_map(lambda start: to_step(mlp_columns(w1t, first_bias, later, block(start))), n, c, 1,
-                                        like=g32)[0]
+                step = blockwise_map(lambda start: to_step(mlp_columns(w1t, first_bias, later, block(start))), n, c, 1,
+                                     like=g32)[0]
             return ((-step).reshape(jnp.shape(p)).astype(jnp.result_type(p)), m.reshape((k,) + jnp.shape(p)),
                     v.reshape(jnp.shape(p)))
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args
-            ft.require_params(updates, params, "MLPLOpt")
+            tree_checks.require_params(updates, params, "MLPLOpt")
             first_bias = shared_bias(theta["input"], state.iteration, self.timescales, num_steps)
-            treedef, gs, (ps, ms, vs) = ft.leaves_of(updates, params, state.momenta, state.second_moment)
+            treedef, gs, (ps, ms, vs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment)
             later = later_layers_t()
             leaves = [update_leaf(g, p, m, v, first_bias, later) for g, p, m, v in zip(gs, ps, ms, vs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3

@@ -26,7 +26,25 @@ import optax
 
 from lopt.param_roles import ParamRole
 
-__all__ = ["dimension_numbers", "orthogonalize", "width_scale"]
+__all__ = ["dimension_numbers", "is_orthogonalized", "orthogonalize", "width_scale"]
+
+
+def is_orthogonalized(role: ParamRole, shape: Sequence[int]) -> bool:
+    """Whether a leaf's update is orthogonalized: a "matrix" of rank ≥ 2 with more than one input
+    and more than one output (a [n, 1] or [1, n] "matrix" is a vector).
+
+    Args:
+      role: the leaf's `ParamRole`.
+      shape: its shape (JAX layout).
+
+    Returns:
+      a Python bool (static under jit).
+    """
+    shape = tuple(shape)
+    if role.kind != "matrix" or len(shape) < 2 or math.prod(shape) == 0:
+        return False
+    fan_in = role.fan_in(shape)
+    return fan_in > 1 and math.prod(shape) // fan_in > 1
 
 
 def dimension_numbers(role: ParamRole, ndim: int) -> optax.contrib.MuonDimensionNumbers:

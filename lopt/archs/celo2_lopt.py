@@ -15,7 +15,7 @@ Every leaf gets a role from `lopt.param_roles` (inferred from its path and shape
 β (without index) is the decay closest to 0.9 (`moment_features.momentum_index`): 0.95 by default.
 
 Matrices (role "matrix": dense, conv, attention projections). A per-parameter ReLU MLP reads the
-features of `lopt.moment_features`, each divided by its RMS over the tensor, and its output r is
+features of `lopt.parts.moment_features`, each divided by its RMS over the tensor, and its output r is
 added to the normalized Nesterov momentum:
 
     x = [g, p, m_1..m_K, √v, g/√(v+ε), m_β/√(v+ε)] / rms          F = K + 5 features
@@ -24,7 +24,7 @@ added to the normalized Nesterov momentum:
     Δp = −η_matrix · width_scale(p) · orth(u)
 
 orth is optax's Newton–Schulz orthogonalization over the role's input axes and width_scale(p) =
-√max(1, fan_out/fan_in) (`lopt.orthogonal.newton_schulz`), so the step's spectral norm is
+√max(1, fan_out/fan_in) (`lopt.parts.newton_schulz`), so the step's spectral norm is
 η·√max(1, fan_out/fan_in) whatever the theta: the learned part chooses the direction, never the
 size. The MLP's output layer starts at `residual_init` × a random init, so a fresh u ≈ b.
 
@@ -37,22 +37,22 @@ as `optax.contrib.muon`'s Adam path):
 (λ also decays matrices, Δp −= η_matrix · λ · p, as `optax.contrib.muon` does.)
 
 Step sizes (learned, bounded). A small MLP reads the tensor-independent context
-z = [emb(t) (T), progress(t, N) (3), loss features (2)] (`lopt.features`) and emits s ∈ R²:
+z = [emb(t) (T), progress(t, N) (3), loss features (2)] (`lopt.parts.features`) and emits s ∈ R²:
 
     η_matrix = `matrix_lr` · exp(`log_lr_range` · tanh(s_0)),   η_adam = `adam_lr` · exp(`log_lr_range` · tanh(s_1))
 
 Its output layer starts at zero, so a fresh theta steps at exactly `matrix_lr` and `adam_lr`; no
 theta moves η by more than a factor e^`log_lr_range` either way. With `schedule="cosine"` both
-multiply a fixed warm-up + cosine decay over the horizon N (`features.prior_schedule`); with
-`horizon_reference` N_ref > 0 both also multiply min(1, N_ref/N)^`horizon_power` (`features.horizon_scale`),
+multiply a fixed warm-up + cosine decay over the horizon N (`lopt.rules.schedule`); with
+`horizon_reference` N_ref > 0 both also multiply min(1, N_ref/N)^`horizon_power` (`lopt.rules.horizon`),
 a fixed law for horizons longer than the meta-trained ones, and the learned residual MLP(x)
 multiplies min(1, N_ref/N)^`residual_horizon_power`, so that past N_ref the direction returns
 towards Muon's (a fresh theta's), which is what the learned direction was trained to improve on
 short runs. With `depth_reference` D_ref > 0, η_matrix also multiplies min(1, D_ref/D)^`depth_power`,
-D the number of tensors that take the orthogonalized update (`matrix_depth`): in a chain of D
+D the number of tensors that take the orthogonalized update (`lopt.rules.depth`): in a chain of D
 layers each layer's update moves the output, so deeper plain MLPs need smaller steps per layer
 (measured: docs/pretrained.md). With `overshoot_gain` > 0 every
-step is scaled by `lopt.overshoot_brake`'s α_t ≤ 1.
+step is scaled by `lopt.rules.overshoot_brake`'s α_t ≤ 1.
 """
 from __future__ import annotations
 
@@ -63,17 +63,18 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt import features as ft
 from lopt import param_roles
-from lopt.base import LearnedOptimizer, added_option
-from lopt.moment_features import accumulate, momentum_index, normalized_feature_mlp
-from lopt.nn import bounded_step_sizes, dense_init, step_size_head_init
-from lopt.orthogonal.newton_schulz import orthogonalize, width_scale
-from lopt.overshoot_brake import check_options as check_overshoot_options
-from lopt.overshoot_brake import overshoot_brake
+from lopt.base import LearnedOptimizer, added_option, layout_option
+from lopt.parts import features as ft
+from lopt.parts import tree_checks
+from lopt.parts.moment_features import MomentFeatures, accumulate, normalized_feature_mlp
+from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_scale
+from lopt.parts.nn import later_layers, residual_mlp_init
+from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
+from lopt.rules import depth, horizon, overshoot_brake, schedule
 
 DECAYS = (0.5, 0.95, 0.99)
-# elements per block of the per-parameter MLP: a block's features and hidden units stay in cache
+# elements per block of the per-parameter MLP with the CPU layout: a block's features and hidden units stay in cache
 BLOCK = 16384
 
 
@@ -92,36 +93,7 @@ class Celo2LOptState(NamedTuple):
     loss_state: jax.Array
 
 
-def _rms(x: jax.Array) -> jax.Array:
-    return jnp.sqrt(jnp.mean(jnp.square(x)))
-
-
-def is_orthogonalized(role: param_roles.ParamRole, shape: tuple) -> bool:
-    """Whether a leaf takes the learned, orthogonalized matrix update: a "matrix" of rank ≥ 2 with
-    more than one input and more than one output (a [n, 1] or [1, n] "matrix" is a vector)."""
-    if role.kind != "matrix" or len(shape) < 2 or math.prod(shape) == 0:
-        return False
-    fan_in = role.fan_in(shape)
-    return fan_in > 1 and math.prod(shape) // fan_in > 1
-
-
-def matrix_depth(shapes: Any, roles: Any) -> int:
-    """D: how many of the parameters take the orthogonalized matrix update (`is_orthogonalized`).
-
-    In a plain MLP this is its number of layers; in a transformer every attention and MLP
-    projection counts (a one-layer transformer with a dense output head: 7).
-
-    Args:
-      shapes: the parameters' shapes (JAX layout), a sequence of tuples.
-      roles: their `param_roles.ParamRole`s, in the same order.
-
-    Returns:
-      D ≥ 0, a Python int (static under jit).
-    """
-    return sum(is_orthogonalized(r, tuple(s)) for s, r in zip(shapes, roles, strict=True))
-
-
-class Celo2LOpt(LearnedOptimizer):
+class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
     """Learned, Muon-orthogonalized matrix updates and AdamW for the other tensors.
 
     The math is in the module docstring. Theta: {"mlp": {"input": {"w" [F, H], "b" [H]},
@@ -143,19 +115,20 @@ class Celo2LOpt(LearnedOptimizer):
       timescales: τ of the step embedding tanh(t/τ − 1).
       use_num_steps: feed the progress features (min(t/N, 1), log1p(N)/10, 1) to the step-size
         MLP; N is `opt_fn`'s `num_steps` (zeros when it is None).
-      overshoot_gain: κ ≥ 0 of the overshoot brake (`lopt.overshoot_brake`; 0: off).
+      overshoot_gain: κ ≥ 0 of the overshoot brake (`lopt.rules.overshoot_brake`; 0: off).
       overshoot_threshold: the brake's threshold in [0, 1).
-      schedule: the prior schedule σ(t, N) both step sizes multiply (`features.prior_schedule`):
+      schedule: the prior schedule σ(t, N) both step sizes multiply (`lopt.rules.schedule`):
         "constant" or "cosine" (5% linear warm-up, cosine decay to 0 at the horizon N; 1 when N is None).
       horizon_reference: N_ref of the horizon factor min(1, N_ref/N)^`horizon_power` both step sizes
-        multiply (`features.horizon_scale`): 1 up to N_ref, smaller on longer runs (0: off).
+        multiply (`lopt.rules.horizon`): 1 up to N_ref, smaller on longer runs (0: off).
       horizon_power: its α ≥ 0.
       residual_horizon_power: β ≥ 0: the learned residual of the matrix direction times
         min(1, N_ref/N)^β (0: unscaled; no effect without `horizon_reference`).
       depth_reference: D_ref of the depth factor min(1, D_ref/D)^`depth_power` the matrix step
         size multiplies, D the number of orthogonalized tensors the optimizer updates
-        (`matrix_depth`): 1 up to D_ref matrices, smaller in deeper models (0: off).
+        (`lopt.rules.depth.matrix_depth`): 1 up to D_ref matrices, smaller in deeper models (0: off).
       depth_power: its γ ≥ 0.
+      layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
     hidden_size: int = 8
@@ -178,6 +151,7 @@ class Celo2LOpt(LearnedOptimizer):
     residual_horizon_power: float = added_option(0.0)
     depth_reference: int = added_option(0)
     depth_power: float = added_option(1.0)
+    layout: Any = layout_option()
 
     def check_config(self) -> None:
         if self.hidden_layers < 1 or self.hidden_size < 1 or self.lr_hidden_size < 1:
@@ -190,43 +164,28 @@ class Celo2LOpt(LearnedOptimizer):
                              f"{self.adam_lr}, {self.log_lr_range}")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        check_overshoot_options(self.overshoot_gain, self.overshoot_threshold)
-        if not (isinstance(self.horizon_reference, int) and self.horizon_reference >= 0 and self.horizon_power >= 0
-                and self.residual_horizon_power >= 0):
-            raise ValueError(f"horizon_reference must be an int >= 0, horizon_power and residual_horizon_power >= 0, "
-                             f"got {self.horizon_reference!r}, {self.horizon_power!r}, {self.residual_horizon_power!r}")
-        if not (isinstance(self.depth_reference, int) and self.depth_reference >= 0 and self.depth_power >= 0):
-            raise ValueError(f"depth_reference must be an int >= 0 and depth_power >= 0, got "
-                             f"{self.depth_reference!r}, {self.depth_power!r}")
-        if self.schedule not in ft.SCHEDULES:
-            raise ValueError(f"unknown schedule {self.schedule!r}; known: {ft.SCHEDULES}")
+        overshoot_brake.check_options(self.overshoot_gain, self.overshoot_threshold)
+        horizon.check_horizon_options(self.horizon_reference, horizon_power=self.horizon_power,
+                                      residual_horizon_power=self.residual_horizon_power)
+        depth.check_depth_options(self.depth_reference, self.depth_power)
+        schedule.check_schedule(self.schedule)
 
     @property
-    def _mom_idx(self) -> int:
-        return momentum_index(self.decays)
+    def base_step_sizes(self) -> jax.Array:
+        """(η_matrix, η_adam) of a fresh theta: float32 [2] = (`matrix_lr`, `adam_lr`)."""
+        return jnp.asarray([self.matrix_lr, self.adam_lr], jnp.float32)
 
-    def depth_scale(self, depth: int) -> float:
-        """The matrix step size's depth factor, min(1, D_ref/D)^γ (1 when `depth_reference` is 0).
+    def depth_scale(self, num_matrices: int) -> float:
+        """The matrix step size's depth factor, min(1, D_ref/D)^γ (`lopt.rules.depth`; 1 when
+        `depth_reference` is 0).
 
         Args:
-          depth: D, the number of orthogonalized tensors (`matrix_depth`), a static int.
+          num_matrices: D, the number of orthogonalized tensors (`depth.matrix_depth`), a static int.
 
         Returns:
           the factor, a Python float in (0, 1].
         """
-        if self.depth_reference <= 0 or depth <= self.depth_reference:
-            return 1.0
-        return (self.depth_reference / depth) ** self.depth_power
-
-    @property
-    def num_features(self) -> int:
-        """F = K + 5, the number of per-parameter features."""
-        return len(self.decays) + 5
-
-    @property
-    def num_context(self) -> int:
-        """C = T + 5, the inputs of the step-size MLP (step embedding, progress, loss features)."""
-        return len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
+        return depth.depth_scale(num_matrices, self.depth_reference, self.depth_power)
 
     def init(self, key: jax.Array) -> dict:
         """Initial theta: Muon on matrices, Adam on the rest, plus a small random residual.
@@ -238,29 +197,8 @@ class Celo2LOpt(LearnedOptimizer):
           theta (see the class docstring); the step-size head's output layer is zero.
         """
         k_in, k_hidden, k_out, k_lr = jax.random.split(key, 4)
-        mlp = {"input": dense_init(k_in, self.num_features, self.hidden_size)}
-        for i, k in enumerate(jax.random.split(k_hidden, self.hidden_layers - 1), start=1):
-            mlp[f"hidden_{i}"] = dense_init(k, self.hidden_size, self.hidden_size)
-        out = dense_init(k_out, self.hidden_size, 1)
-        mlp["output"] = {"w": out["w"] * self.residual_init, "b": out["b"]}
+        mlp = residual_mlp_init((k_in, k_hidden, k_out), self.num_features, self.hidden_size, self.hidden_layers, self.residual_init)
         return {"mlp": mlp, "lr": step_size_head_init(k_lr, self.num_context, self.lr_hidden_size, 2)}
-
-    def step_sizes(self, theta: dict, iteration: jax.Array, num_steps: Optional[Any], loss_feats: jax.Array):
-        """The learned step sizes (η_matrix, η_adam) at step t.
-
-        Args:
-          theta: meta-parameters.
-          iteration: t, int32 [].
-          num_steps: the horizon N (may be traced or None); ignored unless `use_num_steps`.
-          loss_feats: float32 [2], from `features.loss_features`.
-
-        Returns:
-          float32 [2]: (matrix_lr, adam_lr) · exp(log_lr_range · tanh(s)).
-        """
-        progress = ft.progress_features(iteration, num_steps if self.use_num_steps else None)
-        z = jnp.concatenate([ft.step_embedding(iteration, self.timescales), progress, loss_feats])
-        base = jnp.asarray([self.matrix_lr, self.adam_lr], jnp.float32)
-        return bounded_step_sizes(theta["lr"], z, base, self.log_lr_range)
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False,
                weight_dimension_numbers: Any = None, strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
@@ -282,10 +220,9 @@ class Celo2LOpt(LearnedOptimizer):
         del is_training
         self.check_theta(theta, "Celo2LOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
-        mlp, idx, beta = theta["mlp"], self._mom_idx, self.decays[self._mom_idx]
-        first = (mlp["input"]["w"], mlp["input"]["b"])
-        later_layers = [(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"]) for i in range(1, self.hidden_layers)]
-        later_layers.append((mlp["output"]["w"], mlp["output"]["b"]))
+        mlp, idx, beta = theta["mlp"], self.momentum_index, self.decays[self.momentum_index]
+        first, rest = (mlp["input"]["w"], mlp["input"]["b"]), later_layers(mlp, self.hidden_layers)
+        layout = self.update_layout
 
         def init_fn(params):
             k = len(self.decays)
@@ -303,9 +240,9 @@ class Celo2LOpt(LearnedOptimizer):
             t1 = (t + 1).astype(jnp.float32)
             nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
             if is_orthogonalized(role, shape):
-                u = (nesterov / (_rms(nesterov) + 1e-8)).reshape(-1)
+                u = (nesterov / (ft.rms(nesterov) + 1e-8)).reshape(-1)
                 r = normalized_feature_mlp(g32.reshape(-1), p32.reshape(-1), m.reshape(k, n), v.reshape(-1), idx,
-                                           first, later_layers, BLOCK)
+                                           first, rest, BLOCK, layout)
                 u = u + (r if fade is None else fade * r)
                 step = lrs[0] * (width_scale(shape, role) * orthogonalize(u.reshape(shape), role)
                                  + self.weight_decay * p32)
@@ -315,20 +252,23 @@ class Celo2LOpt(LearnedOptimizer):
             return (-step).astype(jnp.result_type(p)), m, v
 
         def update_fn(updates, state, params=None, **extra_args):
-            ft.require_params(updates, params, "Celo2LOpt")
+            tree_checks.require_params(updates, params, "Celo2LOpt")
             loss_feats, loss_state = ft.loss_features(extra_args.get("loss"), state.loss_state)
             t = state.iteration
-            lrs = (self.step_sizes(theta, t, num_steps, loss_feats) * ft.prior_schedule(self.schedule, t, num_steps)
-                   * ft.horizon_scale(num_steps, self.horizon_reference, self.horizon_power))
+            lrs = (self.step_sizes(theta, t, num_steps, loss_feats) * schedule.prior_schedule(self.schedule, t, num_steps)
+                   * horizon.horizon_scale(num_steps, self.horizon_reference, self.horizon_power))
             fade = None  # the learned residual's horizon factor, where one is set
             if self.horizon_reference > 0 and self.residual_horizon_power > 0:
-                fade = ft.horizon_scale(num_steps, self.horizon_reference, self.residual_horizon_power)
+                fade = horizon.horizon_scale(num_steps, self.horizon_reference, self.residual_horizon_power)
             roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
-            treedef, gs, (ps, ms, vs, rs) = ft.leaves_of(updates, params, state.momenta, state.second_moment, roles)
-            lrs = lrs * jnp.asarray([self.depth_scale(matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0], jnp.float32)
+            treedef, gs, (ps, ms, vs, rs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment, roles)
+            lrs = lrs * jnp.asarray([self.depth_scale(depth.matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0],
+                                    jnp.float32)
             leaves = [update_leaf(g, p, m, v, r, t, lrs, fade) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state)
 
         tx = optax.GradientTransformationExtraArgs(init_fn, update_fn)
-        return overshoot_brake(tx, self.overshoot_gain, self.overshoot_threshold) if self.overshoot_gain > 0 else tx
+        if self.overshoot_gain > 0:
+            tx = overshoot_brake.overshoot_brake(tx, self.overshoot_gain, self.overshoot_threshold)
+        return tx

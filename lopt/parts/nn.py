@@ -10,9 +10,7 @@
 - `per_param_mlp_init` / `shared_bias`: theta of the per-parameter MLP of MLPLOpt and
   AdafacMLPLOpt, whose first layer is split by input kind so that the inputs that are constant
   over a tensor (step embedding, progress) become one bias per tensor.
-- `step_size_head_init` / `bounded_step_sizes`: a one-hidden-layer MLP from tensor-independent
-  context (step embedding, progress, loss features) to step sizes bounded around a base,
-  η = base · exp(range · tanh(s)) (NormMLPLOpt, Celo2LOpt).
+- the step-size heads of NormMLPLOpt and Celo2LOpt: `lopt.parts.step_size`.
 - `logit`: the inverse of the sigmoid, for decays learned as β = σ(θ_β).
 """
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
-from lopt import features as ft
+from lopt.parts import features as ft
 
 
 def dense_init(key: jax.Array, fan_in: int, fan_out: int) -> dict:
@@ -178,34 +176,39 @@ def logit(p: float) -> float:
     return math.log(p) - math.log1p(-p)
 
 
-def step_size_head_init(key: jax.Array, num_context: int, hidden: int, num_outputs: int) -> dict:
-    """Theta of `bounded_step_sizes`: a ReLU hidden layer and a zero output layer (so η = base at init).
+def residual_mlp_init(keys: Sequence[jax.Array], num_inputs: int, hidden: int, hidden_layers: int,
+                      residual_init: float) -> dict:
+    """Theta of a per-parameter ReLU MLP with one output that starts small (a learned residual).
 
     Args:
-      key: PRNG key of the hidden layer.
-      num_context: C, the context's length.
-      hidden: L, the hidden width.
-      num_outputs: the number of step sizes.
+      keys: three PRNG keys: the input layer's, the hidden layers' (split once more) and the output layer's.
+      num_inputs: the input width (the caller may split the input rows by kind afterwards).
+      hidden: H, the hidden width.
+      hidden_layers: the number of hidden ReLU layers (≥ 1).
+      residual_init: the output layer's weights are `dense_init`'s times this.
 
     Returns:
-      {"hidden": {"w" [C, L], "b" [L]}, "output": {"w" [L, num_outputs] = 0, "b" [num_outputs] = 0}}.
+      {"input": dense [num_inputs, H], "hidden_i": dense [H, H] for i in 1..hidden_layers-1,
+      "output": dense [H, 1] with w × residual_init}.
     """
-    return {"hidden": dense_init(key, num_context, hidden),
-            "output": {"w": jnp.zeros((hidden, num_outputs), jnp.float32), "b": jnp.zeros((num_outputs,), jnp.float32)}}
+    k_in, k_hidden, k_out = keys
+    mlp = {"input": dense_init(k_in, num_inputs, hidden)}
+    for i, k in enumerate(jax.random.split(k_hidden, hidden_layers - 1), start=1):
+        mlp[f"hidden_{i}"] = dense_init(k, hidden, hidden)
+    out = dense_init(k_out, hidden, 1)
+    mlp["output"] = {"w": out["w"] * residual_init, "b": out["b"]}
+    return mlp
 
 
-def bounded_step_sizes(head: dict, context: jax.Array, base: Any, log_range: float) -> jax.Array:
-    """Learned step sizes bounded around `base`: η = base · exp(log_range · tanh(s)), s = MLP(context).
+def later_layers(mlp: dict, hidden_layers: int) -> list[tuple[jax.Array, jax.Array]]:
+    """[(W, b)] of an MLP's layers after the input layer: "hidden_1".."hidden_{L-1}", then "output".
 
     Args:
-      head: theta of `step_size_head_init`.
-      context: float32 [C].
-      base: the step sizes at s = 0 (a float, or float32 [num_outputs]).
-      log_range: the bound of log(η / base) (> 0).
+      mlp: theta of `residual_mlp_init` (or any MLP named so).
+      hidden_layers: L, its number of hidden layers.
 
     Returns:
-      float32 [num_outputs], each in [base · e^−log_range, base · e^log_range].
+      The (weights, bias) pairs in order.
     """
-    h = jax.nn.relu(context @ head["hidden"]["w"] + head["hidden"]["b"])
-    s = h @ head["output"]["w"] + head["output"]["b"]
-    return base * jnp.exp(log_range * jnp.tanh(s))
+    names = [f"hidden_{i}" for i in range(1, hidden_layers)] + ["output"]
+    return [(mlp[name]["w"], mlp[name]["b"]) for name in names]

@@ -212,7 +212,7 @@ def _quadratic_run(lo, theta, curvature, steps=200):
 
 
 def test_overshoot_brake_engages_only_when_steps_overshoot():
-    """overshoot_gain κ wraps the update in lopt.overshoot_brake (tests/lopt/test_overshoot_brake.py has
+    """overshoot_gain κ wraps the update in lopt.rules.overshoot_brake (tests/lopt/rules/test_overshoot_brake.py has
     its math). At a step size that oscillates on a stiff quadratic it engages and the loss ends far
     lower than without; where steps do not overshoot (a gentle quadratic, small steps) α stays 1 and the
     losses are bit-identical to the brake-less optimizer's."""
@@ -242,8 +242,8 @@ def test_residual_is_the_mlp_of_rms_normalised_features(shape):
     (g, p, m_k, √v, g/√(v+ε), m_0.9/√(v+ε)), each divided by its RMS over the tensor, through the
     ReLU MLP whose first-layer bias is b + emb(t) W_time. normalize_update=False and a fresh
     step-size head make the step −base_lr · (adam + r), so r is read back from the update."""
-    from lopt import features as ft
-    from lopt.norm_mlp_lopt import BLOCK
+    from lopt.parts import features as ft
+    from lopt.archs.norm_mlp_lopt import BLOCK
     assert (shape[0] * shape[1] > BLOCK) == (shape == (130, 131))
     lo = lopt.NormMLPLOpt(base_lr=0.01, normalize_update=False, clip_value=1e6, hidden_layers=2, decays=(0.5, 0.9))
     theta = lo.init(jax.random.key(0))
@@ -269,7 +269,7 @@ def test_residual_is_the_mlp_of_rms_normalised_features(shape):
 
 
 def test_shipped_v3_loads_with_the_brake_and_v2_without():
-    """`lopt.pretrained.load` applies DEPLOY_OPTIONS: normmlp_v3's brake (overshoot_gain 0.2) on top of
+    """`lopt.pretrained.load` applies its deploy_options: normmlp_v3's brake (overshoot_gain 0.2) on top of
     the saved config (`load_learned_optimizer_by_name` keeps the config as meta-trained); normmlp_v2 as saved."""
     import lopt.pretrained as pre
     saved, _ = pre.load_learned_optimizer_by_name("normmlp_v3")

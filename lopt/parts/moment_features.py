@@ -17,13 +17,14 @@ tensor; `feature_sum_squares` gives the sums of squares that RMS is taken from, 
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from lopt import features as ft
-from lopt.nn import elementwise_mlp
+from lopt.parts import features as ft
+from lopt.parts.layout import UpdateLayout, blockwise_map
+from lopt.parts.nn import elementwise_mlp
 
 
 def init_accumulators(params: Any, num_decays: int) -> tuple[Any, Any]:
@@ -39,6 +40,29 @@ def init_accumulators(params: Any, num_decays: int) -> tuple[Any, Any]:
     """
     momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((num_decays,) + jnp.shape(p), jnp.float32), params)
     return momenta, jax.tree_util.tree_map(ft.zeros_like_f32, params)
+
+
+class MomentFeatures:
+    """What an architecture that reads this module's features declares about them (a mixin).
+
+    The architecture declares the field `decays` (β_1..β_K); the properties say where each
+    feature is, so another implementation of the architecture (`lopt.torch`) reads them instead
+    of repeating the rule.
+    """
+
+    @property
+    def momentum_index(self) -> int:
+        """The index k of m_0.9 among the momenta (`momentum_index(decays)`)."""
+        return momentum_index(self.decays)
+
+    @property
+    def num_features(self) -> int:
+        """F = K + 5, the number of per-parameter features (`FEATURES`)."""
+        return len(self.decays) + 5
+
+
+# The per-parameter features in the order every architecture reads them (K momenta in the middle).
+FEATURES = ("g", "p", "m_1..m_K", "sqrt_v", "g_over_sqrt_v", "m_0.9_over_sqrt_v")
 
 
 def momentum_index(decays: Sequence[float]) -> int:
@@ -93,13 +117,13 @@ def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_id
 
 
 def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int,
-                        blocks: bool = True) -> jax.Array:
+                        layout: Optional[UpdateLayout] = None) -> jax.Array:
     """Σ x_f² over a flat tensor for each feature x_f of `leaf_features`, in its order.
 
-    With `blocks`, the sums are taken block by block (`features.blockwise_sum`): a big tensor's
-    reductions then read each block from cache. Without, each is one reduction over the whole
-    tensor, faster for an update vmapped over many models (see `features.SUM_BLOCK`). Either way
-    one reduction per feature, the K momenta in one.
+    With a `layout`, the sums are taken as it cuts them (`UpdateLayout.blockwise_sum`: block by
+    block on a CPU, so a big tensor's reductions read each block from cache). Without, each is
+    one reduction over the whole tensor, faster for an update vmapped over many models. Either
+    way one reduction per feature, the K momenta in one.
 
     Args:
       g: the gradient, float32 [n].
@@ -107,7 +131,7 @@ def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, 
       m: the momenta, float32 [K, n].
       v: the second moment, float32 [n].
       mom_idx: the index of m_0.9 (`momentum_index`).
-      blocks: sum block by block (True) or over the whole tensor at once.
+      layout: the update layout that cuts the sums into blocks; None: over the whole tensor at once.
 
     Returns:
       float32 [F], F = K + 5.
@@ -118,18 +142,18 @@ def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, 
         one = lambda x: jnp.sum(jnp.square(x))[None]
         return jnp.concatenate([one(g_), one(p_), jnp.sum(jnp.square(m_), axis=1), one(jnp.sqrt(v_)),
                                 one(g_ * rsqrt_v), one(m_[mom_idx] * rsqrt_v)])
-    return ft.blockwise_sum(block, g.shape[-1]) if blocks else block(0, g.shape[-1])
+    return layout.blockwise_sum(block, g.shape[-1]) if layout is not None else block(0, g.shape[-1])
 
 
 def normalized_feature_mlp(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int,
                            first: tuple[jax.Array, jax.Array], rest: Sequence[tuple[jax.Array, jax.Array]],
-                           block: int) -> jax.Array:
+                           block: int, layout: UpdateLayout) -> jax.Array:
     """A per-parameter ReLU MLP on a flat tensor's features, each divided by its RMS over the tensor.
 
     MLP(x / rms(x)) with x the F = K + 5 features of `leaf_features`. The normalisation is folded
     into the first layer's weights, (x / rms) W₁ = x (W₁ / rms), and the MLP runs as unrolled
     multiply-adds (`nn.elementwise_mlp`) over blocks of at most `block` elements written in place
-    (`features.blockwise_map`), so no temporary bigger than a block's features exists.
+    (`layout.blockwise_map`), so no temporary bigger than a block's features exists.
 
     Args:
       g: the gradient, float32 [n].
@@ -139,18 +163,19 @@ def normalized_feature_mlp(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Arra
       mom_idx: the index of m_0.9 (`momentum_index`).
       first: (W₁ [F, H], b₁ [H]), the first layer (b₁ may carry per-tensor terms, e.g. a step embedding).
       rest: [(W [in, out], b [out]), ...], the later layers, ReLU between them; the last has one output.
-      block: elements per block on the CPU (on an accelerator, `features.platform_block`'s).
+      block: elements per block of a cache-sized layout (`UpdateLayout.fixed_block`).
+      layout: the update layout (how the per-tensor sums and the MLP's blocks are cut).
 
     Returns:
       float32 [n]: the MLP's output per element.
     """
     n = g.shape[0]
-    rms_inv = jax.lax.rsqrt(feature_sum_squares(g, p, m, v, mom_idx) / n + ft.EPS)
+    rms_inv = jax.lax.rsqrt(feature_sum_squares(g, p, m, v, mom_idx, layout) / n + ft.EPS)
     layers = [(first[0] * rms_inv[:, None], first[1])] + list(rest)
-    c = min(ft.platform_block(block), n)
+    c = min(layout.fixed_block(block), n)
 
     def one(start):
         sl = lambda x: jax.lax.dynamic_slice_in_dim(x, start, c, axis=x.ndim - 1)
         return elementwise_mlp(leaf_features(sl(g), sl(p), sl(m), sl(v), mom_idx), layers)[0][None]
 
-    return ft.blockwise_map(one, n, c, 1, like=g)[0]
+    return blockwise_map(one, n, c, 1, like=g)[0]

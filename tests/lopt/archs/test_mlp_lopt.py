@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import lopt
-from lopt.features import step_embedding
+from lopt.parts.features import step_embedding
+from lopt.parts.layout import CPU
 
 
 def reference_updates(lo, theta, grads_seq, params):
@@ -62,11 +63,11 @@ def test_block_size_follows_the_tensor_unless_given():
     """A tensor of n parameters runs in blocks of `features.block_size(n)`, a function of n alone
     (1024 for the small tensors of meta-training's tasks, 32768 for a big model's matrices); an
     explicit chunk_size wins (capped at n); 0 is refused; neither is part of config()."""
-    from lopt import features as ft
+    from lopt.parts import features as ft
     lo = lopt.MLPLOpt()
     assert [lo.block_size(n) for n in (1000, 2048, 8192, 16384, 802816, 6291456)] == [
         1000, 1024, 1024, 1024, 32768, 32768]
-    assert all(lo.block_size(n) == ft.block_size(n) for n in (256, 2047, 5000, 100_000))
+    assert all(lo.block_size(n) == CPU.block_size(n) for n in (256, 2047, 5000, 100_000))
     assert lopt.MLPLOpt(chunk_size=300).block_size(10_000) == 300
     assert lopt.MLPLOpt(chunk_size=300).block_size(256) == 256
     assert "chunk_size" not in lo.config()

@@ -1,0 +1,55 @@
+"""The depth rule: a matrix step-size factor for models with more weight matrices than meta-training saw.
+
+    d(D) = min(1, D_ref / D)^γ          (1 when D_ref = 0)
+
+D is the number of tensors whose update is orthogonalized (`matrix_depth`). In a chain of D
+layers every layer's update moves the output, so deeper plain MLPs need smaller steps per layer;
+the factor is 1 up to D_ref matrices and falls as a power of D past it.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from lopt.parts.newton_schulz import is_orthogonalized
+
+
+def matrix_depth(shapes: Sequence[Any], roles: Sequence[Any]) -> int:
+    """D: how many of the parameters take the orthogonalized matrix update (`is_orthogonalized`).
+
+    In a plain MLP this is its number of layers; in a transformer every attention and MLP
+    projection counts (a one-layer transformer with a dense output head: 7).
+
+    Args:
+      shapes: the parameters' shapes (JAX layout), a sequence of tuples.
+      roles: their `param_roles.ParamRole`s, in the same order.
+
+    Returns:
+      D ≥ 0, a Python int (static under jit).
+    """
+    return sum(is_orthogonalized(r, tuple(s)) for s, r in zip(shapes, roles, strict=True))
+
+
+def depth_scale(depth: int, reference: int, power: float) -> float:
+    """The depth factor min(1, D_ref/D)^γ.
+
+    Args:
+      depth: D, a static int (`matrix_depth`).
+      reference: D_ref ≥ 0 (0: off, the factor is 1).
+      power: γ ≥ 0.
+
+    Returns:
+      the factor, a Python float in (0, 1].
+    """
+    if reference <= 0 or depth <= reference:
+        return 1.0
+    return (reference / depth) ** power
+
+
+def check_depth_options(reference: Any, power: float) -> None:
+    """Refuses a depth reference that is not an int ≥ 0, or a negative power.
+
+    Raises:
+      ValueError: naming the values.
+    """
+    if not (isinstance(reference, int) and reference >= 0 and power >= 0):
+        raise ValueError(f"depth_reference must be an int >= 0 and depth_power >= 0, got {reference!r}, {power!r}")
