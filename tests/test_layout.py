@@ -137,3 +137,17 @@ def test_no_context_variables_in_lopt():
     users = [os.path.relpath(p, ROOT) for p in _python_files("lopt")
              if re.search(r"\bcontextvars\b", open(p, encoding="utf-8").read())]
     assert not users, f"lopt modules using contextvars (pass the choice as an argument): {users}"
+
+
+def test_torch_mirrors_the_jax_module_names_and_its_architectures_import_no_sibling():
+    def modules(package):
+        directory = os.path.join(ROOT, *package.split("."))
+        return {f[:-len(".py")] for f in os.listdir(directory) if f.endswith(".py") and f != "__init__.py"}
+
+    graph = _import_graph()
+    archs = {f"lopt.torch.archs.{m}" for m in modules("lopt.torch.archs")}
+    siblings = [f"{mod} imports {dep}" for mod in sorted(archs) for dep in sorted(graph[mod]) if dep in archs]
+    assert not siblings, "torch architecture modules share helpers through lopt.torch.parts:\n" + "\n".join(siblings)
+    unmirrored = [f"lopt.torch.{sub}.{m} (no lopt.{sub}.{m})" for sub in ("archs", "parts", "rules")
+                  for m in sorted(modules(f"lopt.torch.{sub}") - modules(f"lopt.{sub}"))]
+    assert not unmirrored, "lopt.torch modules without a JAX module of the same name:\n" + "\n".join(unmirrored)

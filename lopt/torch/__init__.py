@@ -7,11 +7,14 @@
 `source` is a shipped name (`lopt.pretrained.names()`), a theta file (`lopt.save_theta`), or a
 `(learned_opt, theta)` pair; every architecture of `lopt.architectures()` has a torch rule.
 
-The update is each architecture's own, re-implemented in torch ops reading theta (one module per
-architecture, `lopt.torch.<module>` mirroring `lopt.<module>` or `lopt.<subpackage>.<module>`),
-so it runs torch-native on any device, CPU or CUDA, with no JAX call per step;
-tests/lopt/test_torch.py checks that it matches the JAX transform
-`learned_opt.opt_fn(theta, num_steps=N)`, fed the same gradients and losses.
+The update is each architecture's own, re-implemented in torch ops reading theta and the
+architecture's public configuration, so it runs torch-native on any device, CPU or CUDA, with no
+JAX call per step. The modules mirror the JAX ones by name: `lopt.torch.archs.<module>` (one rule
+per architecture of `lopt.archs.<module>`; no architecture module imports another),
+`lopt.torch.parts.<module>` (the torch versions of the `lopt.parts` they share),
+`lopt.torch.rules.<module>` (of `lopt.rules`) and `lopt.torch.param_roles`. tests/lopt/torch checks
+that each matches the JAX transform `learned_opt.opt_fn(theta, num_steps=N)`, fed the same
+gradients and losses.
 
 Layouts: torch's nn.Linear weight is [out, in] and nn.ConvNd's [out, in, *k], where flax's kernels
 are [in, out] and [*k, in, out]. The rules that depend on axes (factored row/column statistics,
@@ -25,8 +28,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError('lopt.torch needs PyTorch: pip install "lopt[torch]" (or pip install torch)') from e
 
-from lopt.torch import (adafac_mlp_lopt, celo2_lopt, hyper_lopt, learnable_hparams, mlp_lopt,  # noqa: F401  (register)
-                        nn_adam, norm_mlp_lopt, rnn_mlp_lopt)
+from lopt.torch import archs  # noqa: F401  (registers every architecture's rule)
 from lopt.torch.layout import default_axes, from_jax, resolve_axes, to_jax
 from lopt.torch.optimizer import TorchLearnedOptimizer, default_chunk, optimizer
 from lopt.torch.rule import RULES, Rule, rule_for, supported_architectures

@@ -25,9 +25,9 @@ from typing import Any, Callable, Iterable, Optional
 import torch
 
 from lopt.torch.layout import resolve_axes
-from lopt.torch.norm_mlp_lopt import role_of
-from lopt.torch.overshoot_brake import BRAKE_KEY
+from lopt.torch.param_roles import role_of
 from lopt.torch.rule import RULES, Context, Item, rule_for
+from lopt.torch.rules.overshoot_brake import BRAKE_KEY
 from lopt.torch.source import Source, check_horizon, resolve, theta_fingerprint
 
 __all__ = ["TorchLearnedOptimizer", "optimizer", "OPTIONS", "default_chunk"]

@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from lopt.torch import common
+from lopt.torch.parts.features import loss_features, progress_features, step_embedding
+from lopt.torch.parts.layout import Workspace
 
 __all__ = ["Item", "Context", "Rule", "RULES", "register", "rule_for", "supported_architectures"]
 
@@ -77,11 +78,11 @@ class Context:
 
     def embedding(self, timescales: Sequence[float]) -> torch.Tensor:
         """The step embedding of every item, [L, T]."""
-        return common.step_embedding(self.steps, timescales)
+        return step_embedding(self.steps, timescales)
 
     def progress(self, items: Sequence[Item], use: bool = True) -> torch.Tensor:
         """The progress features of every item ([L, 3]; zeros unless `use`)."""
-        return common.progress_features(self.steps, [it.horizon if use else None for it in items])
+        return progress_features(self.steps, [it.horizon if use else None for it in items])
 
 
 class Rule:
@@ -94,7 +95,7 @@ class Rule:
 
     #: whether the architecture reads the loss (`tx.update(..., loss=loss)`)
     reads_loss: bool = False
-    #: a `lopt.torch.overshoot_brake.OvershootBrake` that `TorchLearnedOptimizer.step` applies to
+    #: a `lopt.torch.rules.overshoot_brake.OvershootBrake` that `TorchLearnedOptimizer.step` applies to
     #: every update, over all parameters (None: no brake)
     brake: Any = None
     #: whether `init_state` takes a parameter group's `role` (`lopt.param_roles` kinds) as role=
@@ -103,7 +104,7 @@ class Rule:
     def __init__(self, learned_opt: Any, theta: Any):
         self.learned_opt = learned_opt
         self.theta = theta
-        self.ws = common.Workspace()
+        self.ws = Workspace()
         self._tensors: dict = {}
 
     def theta_on(self, device: torch.device, dtype: torch.dtype) -> dict:
@@ -152,9 +153,10 @@ class Rule:
         raise NotImplementedError
 
     def loss_features(self, items: Sequence[Item], ctx: Context) -> torch.Tensor:
-        """The items' loss features [L, 2], their "loss_state" entries advanced (`common.loss_features`)."""
+        """The items' loss features [L, 2], their "loss_state" entries advanced
+        (`lopt.torch.parts.features.loss_features`)."""
         states = torch.stack([it.state["loss_state"] for it in items])
-        feats, new = common.loss_features(ctx.loss, states)
+        feats, new = loss_features(ctx.loss, states)
         if ctx.loss is not None:
             for i, it in enumerate(items):
                 it.state["loss_state"] = new[i]

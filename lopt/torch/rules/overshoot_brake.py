@@ -1,4 +1,4 @@
-"""`lopt.overshoot_brake` in torch: every step scaled by α_t ∈ [floor, 1], global over all parameters.
+"""`lopt.rules.overshoot_brake` in torch: every step scaled by α_t ∈ [floor, 1], over all parameters.
 
     c_t     = ⟨g_t, Δp_{t−1}⟩ / (‖g_t‖ ‖Δp_{t−1}‖)   over every parameter stepped (0 while Δp_{t−1} = 0)
     log α_t = clip(log α_{t−1} − κ (c_t − c₀), log floor, 0)
@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from lopt.overshoot_brake import FLOOR
+from lopt.rules.overshoot_brake import FLOOR
 
 __all__ = ["OvershootBrake", "BRAKE_KEY"]
 
@@ -26,7 +26,7 @@ BRAKE_KEY = "overshoot_brake"
 
 
 class OvershootBrake:
-    """The brake of one optimizer (`lopt.overshoot_brake.overshoot_brake(inner, gain, threshold, floor)`).
+    """The brake of one optimizer (`lopt.rules.overshoot_brake.overshoot_brake(inner, gain, threshold, floor)`).
 
     Args:
       gain: κ > 0.

@@ -1,4 +1,4 @@
-"""NNAdam's update in torch (`lopt.nn_adam`): Adam whose lr, β1, β2, ε per tensor and step come from an LSTM.
+"""NNAdam's update in torch (`lopt.archs.nn_adam`): Adam whose lr, β1, β2, ε per tensor and step come from an LSTM.
 
 Per tensor i the LSTM reads z_i = [log mean g², log mean m², log mean v, log mean p² (each /10,
 before this step's update), log(1 + numel)/10, emb(t), progress(t, N), loss features]; its head
@@ -13,8 +13,9 @@ import math
 
 import torch
 
-from lopt.nn import logit
-from lopt.torch.rnn_mlp_lopt import lstm_inputs, lstm_state, run_lstm
+from lopt.parts.nn import logit
+from lopt.torch.parts.features import lstm_inputs
+from lopt.torch.parts.nn import lstm_state, run_lstm
 from lopt.torch.rule import Rule, register
 
 __all__ = ["NNAdamRule"]

@@ -1,24 +1,24 @@
-"""NormMLPLOpt's update in torch (`lopt.norm_mlp_lopt`; the shipped optimizers are NormMLPLOpts).
+"""NormMLPLOpt's update in torch (`lopt.archs.norm_mlp_lopt`; the shipped optimizers are NormMLPLOpts).
 
-Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.mlp_lopt`):
+Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.parts.moment_features.FlatLeaf`):
 
     a   = m̂_0.9 / (√v̂ + 1e-8)                       Adam's direction, bias-corrected at t + 1
     r   = MLP(x; b + emb(t) W_time)                  the learned residual (x RMS-normalised)
     u   = a + r    (or a + B tanh(r / B) with `residual_bound` B)
-    u   ← NS(u)    with `orthogonalize`, 2-D tensors (both sides > 1), in JAX layout
+    u   ← NS(u)    with `orthogonalize`, 2-D tensors (both sides > 1), in JAX layout (`parts.newton_schulz`)
     u   ← clip(u / (rms(u) + 1e-8), −c, c)  with `normalize_update`, else clip(u, −c, c)
     Δp  = −η_kind · σ(t, N) · ρ(p) · u              (ndim < 2 with vector_rule "adam": −η · σ · ρ · a)
 
 η = base_lr · exp(log_lr_range · tanh(s)), s from the step-size MLP on [emb(t), progress(t, N),
-loss features]; σ the prior schedule ("constant" or warm-up + cosine over N); ρ(p) the step
-scale fixed at the state's init (`relative_step`: max(rms(p₀), floor), times √(fan_in_ref / fan_in)
-with fan_in = ∏ of the JAX-layout shape but its last axis, the output axis).
+loss features]; σ the prior schedule ("constant" or warm-up + cosine over N, `lopt.torch.rules.schedule`);
+ρ(p) the step scale fixed at the state's init (`relative_step`: max(rms(p₀), floor), times
+√(fan_in_ref / fan_in) with fan_in = ∏ of the JAX-layout shape but its last axis, the output axis).
 
-Each parameter's role (`lopt.param_roles`) is its group's `role` option: by default "matrix" from 2
+Each parameter's role (`lopt.torch.param_roles.role_of`) is its group's `role` option: by default "matrix" from 2
 axes (the fan-in above) and "vector" below; "embedding" (e.g. nn.Embedding.weight) takes ρ without
 the fan-in factor; "vector" makes a ≥ 2-D tensor bias-like (η_vector, ρ = 1, no `orthogonalize`).
 
-With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.overshoot_brake`),
+With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.rules.overshoot_brake`),
 which `TorchLearnedOptimizer.step` applies over all parameters: every Δp scaled by α_t ≤ 1.
 """
 from __future__ import annotations
@@ -27,76 +27,16 @@ import math
 
 import torch
 
-from lopt.features import WARMUP_FRACTION
-from lopt.param_roles import KINDS
-from lopt.torch import common
-from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
-from lopt.torch.overshoot_brake import OvershootBrake
+from lopt.torch.param_roles import role_of
+from lopt.torch.parts.features import EPS
+from lopt.torch.parts.moment_features import FlatLeaf, mlp_state, pow_f32
+from lopt.torch.parts.newton_schulz import newton_schulz
+from lopt.torch.parts.nn import as_columns
 from lopt.torch.rule import Context, Rule, register
+from lopt.torch.rules.overshoot_brake import OvershootBrake
+from lopt.torch.rules.schedule import prior_schedule
 
-__all__ = ["NormMLPLOptRule", "newton_schulz", "NS_COEFFS", "NS_STEPS"]
-
-# optax.contrib.scale_by_muon's defaults, which NormMLPLOpt's `orthogonalize` uses
-NS_COEFFS = (3.4445, -4.7750, 2.0315)
-NS_STEPS = 5
-
-
-def newton_schulz(x: torch.Tensor) -> torch.Tensor:
-    """optax's `orthogonalize_via_newton_schulz` of a matrix (Frobenius preconditioning, 5 quintic
-    steps, the wide orientation): x / (‖x‖_F + 1e-8), then x ← a x + (b A + c A²) x with A = x xᵀ.
-
-    Args:
-      x: [rows, cols], in the JAX layout (reduction axis first).
-
-    Returns:
-      The orthogonalized matrix, same shape.
-    """
-    transposed = x.shape[0] > x.shape[1]
-    if transposed:
-        x = x.t()
-    x = x / (torch.linalg.vector_norm(x) + 1e-8)
-    a_, b_, c_ = (torch.tensor(c, dtype=torch.float32).to(x.dtype).item() for c in NS_COEFFS)
-    for _ in range(NS_STEPS):
-        a = x @ x.t()
-        b = b_ * a + c_ * (a @ a)
-        x = a_ * x + b @ x
-    return x.t() if transposed else x
-
-
-def prior_schedule(name: str, ctx: Context, items) -> torch.Tensor:
-    """σ(t, N) per item, [L], as `lopt.features.prior_schedule`: 1 ("constant" or N None), else
-    warm-up · ½(1 + cos(π min(t/N, 1)))."""
-    ones = torch.ones_like(ctx.steps)
-    if name == "constant" or all(it.horizon is None for it in items):
-        return ones
-    n, known = item_horizons(ctx, items)
-    t = ctx.steps
-    warm = torch.clamp((t + 1.0) / torch.clamp(torch.ceil(WARMUP_FRACTION * n), min=1.0), max=1.0)
-    sched = warm * 0.5 * (1.0 + torch.cos(math.pi * torch.clamp(t / n, max=1.0)))
-    return torch.where(known, sched, ones)
-
-
-def item_horizons(ctx: Context, items) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each item's horizon N as a float ≥ 1 ([L]; 1 where unknown) and whether it is known ([L] bool)."""
-    n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
-    return n, torch.tensor([it.horizon is not None for it in items], device=ctx.device)
-
-
-def role_of(param: torch.Tensor, role=None) -> str:
-    """A parameter's role kind (`lopt.param_roles.KINDS`): the group's `role` option, or by default
-    "vector" below 2 axes and "matrix" (fan_in from the JAX-layout axes but the last) from 2.
-
-    Raises:
-      ValueError: an unknown role, or "matrix" / "embedding" for a tensor of fewer than 2 axes.
-    """
-    if role is None:
-        return "vector" if param.ndim < 2 else "matrix"
-    if role not in KINDS:
-        raise ValueError(f"unknown parameter role {role!r}: use one of {KINDS} (lopt.param_roles) or None")
-    if role != "vector" and param.ndim < 2:
-        raise ValueError(f"a parameter of shape {tuple(param.shape)} cannot have the role {role!r} (fewer than 2 axes)")
-    return role
-
+__all__ = ["NormMLPLOptRule"]
 
 @register("NormMLPLOpt")
 class NormMLPLOptRule(Rule):
@@ -143,7 +83,7 @@ class NormMLPLOptRule(Rule):
         return lrs * self.prior_schedule(ctx, items)[:, None]
 
     def prior_schedule(self, ctx: Context, items) -> torch.Tensor:
-        """σ(t, N) per item, [L] (`prior_schedule`)."""
+        """σ(t, N) per item, [L] (`lopt.torch.rules.schedule.prior_schedule`)."""
         return prior_schedule(self.learned_opt.schedule, ctx, items)
 
     def updates(self, items, ctx):
@@ -151,12 +91,12 @@ class NormMLPLOptRule(Rule):
         loss_feats = self.loss_features(items, ctx)
         lrs = self.step_sizes(ctx, items, loss_feats)
         bias = mlp["input"]["b"] + ctx.embedding(lo.timescales) @ mlp["input"]["w_time"]
-        rest = common.as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
-                                  for i in range(1, lo.hidden_layers)] + [(mlp["output"]["w"], mlp["output"]["b"])])
+        rest = as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
+                           for i in range(1, lo.hidden_layers)] + [(mlp["output"]["w"], mlp["output"]["b"])])
         decays = torch.tensor(lo.decays, dtype=ctx.dtype, device=ctx.device)
         t1 = ctx.steps + 1.0
-        bc1 = 1.0 - common.pow_f32(lo.decays[lo._mom_idx], t1, ctx.dtype)
-        bc2 = 1.0 - common.pow_f32(lo.rms_decay, t1, ctx.dtype)
+        bc1 = 1.0 - pow_f32(lo.decays[lo.momentum_index], t1, ctx.dtype)
+        bc2 = 1.0 - pow_f32(lo.rms_decay, t1, ctx.dtype)
         for i, it in enumerate(items):
             shape = tuple(it.param.shape)
             if it.param.numel() == 0:
@@ -166,9 +106,9 @@ class NormMLPLOptRule(Rule):
             is_matrix = kind != "vector"
             lr = lrs[i, 0] if is_matrix else lrs[i, 1]
             adam_only = not is_matrix and lo.vector_rule == "adam"
-            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx, self.ws)
+            leaf = FlatLeaf(it, ctx.dtype, lo.momentum_index, self.ws)
             sums = leaf.accumulate_and_sum(decays, lo.rms_decay, want_sums=not adam_only)
-            m_idx = leaf.m[lo._mom_idx]
+            m_idx = leaf.m[lo.momentum_index]
 
             def adam(s, e, out):  # m̂ / (√v̂ + 1e-8), written into out
                 torch.div(leaf.v[s:e], bc2[i], out=out).sqrt_().add_(1e-8)
@@ -179,7 +119,7 @@ class NormMLPLOptRule(Rule):
                 for s, e in leaf.blocks():
                     adam(s, e, u[s:e])
             else:
-                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + common.EPS)[:, None]).t().contiguous()
+                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + EPS)[:, None]).t().contiguous()
 
                 def direction(o, s, e, out):  # a + r (or a + B tanh(r / B))
                     r, bound = o[0], lo.residual_bound

@@ -1,4 +1,4 @@
-"""The hand-designed optimizers with learned hyper-parameters in torch (`lopt.learnable_hparams`).
+"""The hand-designed optimizers with learned hyper-parameters in torch (`lopt.archs.learnable_hparams`).
 
 theta holds lr = exp(θ_log_lr), β = σ(θ_logit_β), ε = exp(θ_log_eps); the updates are optax's:
 

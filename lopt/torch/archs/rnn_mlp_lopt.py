@@ -1,6 +1,6 @@
-"""RNNMLPLOpt's update in torch (`lopt.rnn_mlp_lopt`).
+"""RNNMLPLOpt's update in torch (`lopt.archs.rnn_mlp_lopt`).
 
-MLPLOpt's accumulators and features per tensor (`lopt.torch.mlp_lopt`); a per-tensor LSTM, its
+MLPLOpt's accumulators and features per tensor (`lopt.torch.parts.moment_features.FlatLeaf`); a per-tensor LSTM, its
 state (h_i, c_i) kept in each parameter's state ("lstm_h", "lstm_c"), reads
 
     z_i = [log(mean x_f²)/10 (F), log(1 + numel)/10, emb(t) (T), progress(t, N) (3), loss features (2)]
@@ -13,34 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from lopt.torch import common
-from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
+from lopt.torch.parts.features import EPS, lstm_inputs
+from lopt.torch.parts.moment_features import FlatLeaf, mlp_state
+from lopt.torch.parts.nn import as_columns, lstm_state, run_lstm
 from lopt.torch.rule import Rule, register
 
-__all__ = ["RNNMLPLOptRule", "lstm_inputs", "lstm_state", "run_lstm"]
-
-
-def lstm_state(param: torch.Tensor, hidden: int, dtype: torch.dtype) -> dict:
-    """Zero "lstm_h", "lstm_c" [H] and "loss_state" [2] of one parameter."""
-    z = lambda n: torch.zeros((n,), dtype=dtype, device=param.device)
-    return {"lstm_h": z(hidden), "lstm_c": z(hidden), "loss_state": z(2)}
-
-
-def lstm_inputs(stats: torch.Tensor, items, ctx_feats: torch.Tensor) -> torch.Tensor:
-    """`lopt.features.tensor_lstm_inputs`: [log_stat(stats) [L, S], size [L, 1], context [L, C]]."""
-    sizes = torch.tensor([[common.size_feature(it.param.numel())] for it in items], dtype=stats.dtype,
-                         device=stats.device)
-    return torch.cat([common.log_stat(stats), sizes, ctx_feats], dim=1)
-
-
-def run_lstm(lstm: dict, z: torch.Tensor, items) -> torch.Tensor:
-    """One LSTM step over the items' rows, their "lstm_h" / "lstm_c" replaced; returns h [L, H]."""
-    h0 = torch.stack([it.state["lstm_h"] for it in items])
-    c0 = torch.stack([it.state["lstm_c"] for it in items])
-    h, c = common.lstm_step(lstm, z, h0, c0)
-    for i, it in enumerate(items):
-        it.state["lstm_h"], it.state["lstm_c"] = h[i], c[i]
-    return h
+__all__ = ["RNNMLPLOptRule"]
 
 
 @register("RNNMLPLOpt")
@@ -68,7 +46,7 @@ class RNNMLPLOptRule(Rule):
                 leaves.append(None)
                 stats.append(torch.zeros((lo.num_features,), dtype=ctx.dtype, device=ctx.device))
                 continue
-            leaf = FlatLeaf(it, ctx.dtype, lo._mom_idx, self.ws)
+            leaf = FlatLeaf(it, ctx.dtype, lo.momentum_index, self.ws)
             stats.append(leaf.accumulate_and_sum(decays, lo.rms_decay) / leaf.n)
             leaves.append(leaf)
         stats = torch.stack(stats)
@@ -76,13 +54,13 @@ class RNNMLPLOptRule(Rule):
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         cond = h @ th["w_cond"]
         lr_mult = torch.exp(h @ th["w_lr"])
-        rest = common.as_columns([(th[f"hidden_{i}"]["w"], th[f"hidden_{i}"]["b"]) for i in range(1, lo.mlp_layers)]
-                                 + [(th["output"]["w"], th["output"]["b"])])
+        rest = as_columns([(th[f"hidden_{i}"]["w"], th[f"hidden_{i}"]["b"]) for i in range(1, lo.mlp_layers)]
+                          + [(th["output"]["w"], th["output"]["b"])])
         for i, (it, leaf) in enumerate(zip(items, leaves)):  # phase 2: the per-parameter MLP
             if leaf is None:
                 yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
-            w1t = (th["input"]["w"] * torch.rsqrt(stats[i] + common.EPS)[:, None]).t().contiguous()
+            w1t = (th["input"]["w"] * torch.rsqrt(stats[i] + EPS)[:, None]).t().contiguous()
             step = leaf.scaled_exp_step([(w1t, th["input"]["b"] + cond[i])] + rest, lo.exp_mult,
                                         lo.step_mult * lr_mult[i])
             yield step.neg_().view(it.param.shape)

@@ -1,6 +1,6 @@
-"""HyperLOpt's update in torch (`lopt.hyper_lopt`): a per-tensor LSTM generating each tensor's MLP.
+"""HyperLOpt's update in torch (`lopt.archs.hyper_lopt`): a per-tensor LSTM generating each tensor's MLP.
 
-AdafacMLPLOpt's accumulators and features per tensor (`lopt.torch.adafac_mlp_lopt.FactoredLeaf`,
+AdafacMLPLOpt's accumulators and features per tensor (`lopt.torch.parts.moment_features.FactoredLeaf`,
 factored over the JAX layout's last two axes). The LSTM (state "lstm_h", "lstm_c" per parameter)
 reads z_i = [log mean x_f²/10 (F), log(1 + numel)/10, emb(t), progress(t, N), loss features] and
 generates tensor i's MLP weights w_i = w_base + (h_i G)·gen_scale and its step multiplier
@@ -12,12 +12,26 @@ from __future__ import annotations
 
 import torch
 
-from lopt.torch import common
-from lopt.torch.adafac_mlp_lopt import FactoredLeaf, decays_of, factored_state
-from lopt.torch.rnn_mlp_lopt import lstm_inputs, lstm_state, run_lstm
+from lopt.torch.parts.features import EPS, lstm_inputs
+from lopt.torch.parts.moment_features import FactoredLeaf, decays_of, factored_state
+from lopt.torch.parts.nn import as_columns, lstm_state, run_lstm
 from lopt.torch.rule import Rule, register
 
-__all__ = ["HyperLOptRule"]
+__all__ = ["HyperLOptRule", "layer_shapes"]
+
+
+def layer_shapes(learned_opt) -> list[tuple[int, int]]:
+    """The generated MLP's (fan_in, fan_out) per layer, from the HyperLOpt's public configuration:
+    [(F, H), (H, H) × (mlp_layers − 1), (H, 2)], F = `num_features`, H = `mlp_hidden`.
+
+    Raises:
+      ValueError: they do not add up to the HyperLOpt's `num_generated` weights.
+    """
+    h = learned_opt.mlp_hidden
+    shapes = [(learned_opt.num_features, h)] + [(h, h)] * (learned_opt.mlp_layers - 1) + [(h, 2)]
+    if sum(a * b + b for a, b in shapes) != learned_opt.num_generated:
+        raise ValueError(f"HyperLOpt's generated MLP does not match {shapes}: {learned_opt.num_generated} weights")
+    return shapes
 
 
 @register("HyperLOpt")
@@ -60,9 +74,9 @@ class HyperLOptRule(Rule):
                 yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
             layers, at = [], 0
-            for a, b in lo._layer_shapes():
+            for a, b in layer_shapes(lo):
                 layers.append((weights[i, at:at + a * b].reshape(a, b), weights[i, at + a * b:at + a * b + b]))
                 at += a * b + b
-            layers[0] = (layers[0][0] * torch.rsqrt(stats[i] + common.EPS)[:, None], layers[0][1])
-            step = leaf.scaled_exp_step(common.as_columns(layers), lo.exp_mult, lo.step_mult * lr_mult[i])
+            layers[0] = (layers[0][0] * torch.rsqrt(stats[i] + EPS)[:, None], layers[0][1])
+            step = leaf.scaled_exp_step(as_columns(layers), lo.exp_mult, lo.step_mult * lr_mult[i])
             yield step.neg_()

@@ -1,7 +1,8 @@
-"""Celo2LOpt's update in torch (`lopt.orthogonal.celo2_lopt`): a learned direction for weight
+"""Celo2LOpt's update in torch (`lopt.archs.celo2_lopt`): a learned direction for weight
 matrices, orthogonalized by Muon's Newton–Schulz, and NAdamW for the other tensors.
 
-Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.mlp_lopt`), t the updates so far:
+Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.parts.moment_features.FlatLeaf`),
+t the updates so far:
 
     b   = β m_β / (1 − β^(t+2)) + (1 − β) g / (1 − β^(t+1))     optax.contrib.muon's Nesterov momentum
     matrix:  u = b / (rms(b) + 1e-8) + MLP(x)                    x RMS-normalised (folded into the first layer)
@@ -14,65 +15,37 @@ min(1, N_ref/N)^α (`horizon_reference`, `horizon_power`; 1 when off); MLP(x) ti
 min(1, N_ref/N)^`residual_horizon_power` where that is set; η_matrix also times the depth factor
 min(1, D_ref/D)^γ (`depth_reference`, `depth_power`; 1 when off), D the number of orthogonalized
 parameters of the step (every device and dtype). NS is optax's `orthogonalize_via_newton_schulz`
-(`lopt.torch.norm_mlp_lopt.newton_schulz`: Frobenius pre-normalisation with eps 1e-8, 5 quintic
+(`lopt.torch.parts.newton_schulz.newton_schulz`: Frobenius pre-normalisation with eps 1e-8, 5 quintic
 steps, coefficients (3.4445, −4.7750, 2.0315), the wide orientation) of u read as the matrix
 [fan_in, fan_out] in JAX layout, and width_scale = √max(1, fan_out / fan_in)
-(`lopt.orthogonal.newton_schulz.width_scale`).
+(`lopt.parts.newton_schulz.width_scale`).
 
 Each parameter's role (`lopt.param_roles`) is its group's `role` option, as for NormMLPLOpt
-(`lopt.torch.norm_mlp_lopt.role_of`): by default "matrix" from 2 axes, with the input axes every
+(`lopt.torch.param_roles.role_of`): by default "matrix" from 2 axes, with the input axes every
 JAX-layout axis but the last (dense [in, out], conv [*spatial, in, out]: the axes the JAX side
 infers for them), and "vector" below. "embedding" and "vector" take the NAdamW path, and so does
-a "matrix" with a single input or output (`lopt.orthogonal.celo2_lopt.is_orthogonalized`).
+a "matrix" with a single input or output (`lopt.parts.newton_schulz.is_orthogonalized`).
 
-With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.overshoot_brake`),
+With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.rules.overshoot_brake`),
 which `TorchLearnedOptimizer.step` applies over all parameters: every Δp scaled by α_t ≤ 1.
 """
 from __future__ import annotations
 
 import torch
 
-from lopt import param_roles
-from lopt.orthogonal.celo2_lopt import is_orthogonalized, matrix_depth
-from lopt.orthogonal.newton_schulz import width_scale
-from lopt.torch import common
-from lopt.torch.layout import inverse_axes
-from lopt.torch.mlp_lopt import FlatLeaf, mlp_state
-from lopt.torch.norm_mlp_lopt import item_horizons, newton_schulz, prior_schedule, role_of
-from lopt.torch.overshoot_brake import OvershootBrake
-from lopt.torch.rule import Context, Item, Rule, register
+from lopt.parts.newton_schulz import is_orthogonalized
+from lopt.rules.depth import matrix_depth
+from lopt.torch.param_roles import jax_role, role_of
+from lopt.torch.parts.features import EPS
+from lopt.torch.parts.moment_features import FlatLeaf, mlp_state, pow_f32
+from lopt.torch.parts.newton_schulz import orthogonalized_step
+from lopt.torch.parts.nn import as_columns
+from lopt.torch.rule import Context, Rule, register
+from lopt.torch.rules.horizon import horizon_scale
+from lopt.torch.rules.overshoot_brake import OvershootBrake
+from lopt.torch.rules.schedule import prior_schedule
 
-__all__ = ["Celo2LOptRule", "jax_role"]
-
-
-def jax_role(kind: str, jax_shape: tuple) -> param_roles.ParamRole:
-    """The `lopt.param_roles.ParamRole` of a torch parameter of role `kind` and JAX-layout shape:
-    a "matrix" reduces over every axis but the last."""
-    if kind == "matrix":
-        return param_roles.matrix(tuple(range(len(jax_shape) - 1)))
-    return param_roles.ParamRole(kind)
-
-
-def horizon_scale(reference: int, power: float, ctx: Context, items) -> torch.Tensor:
-    """min(1, N_ref/N)^α per item, [L], as `lopt.features.horizon_scale`: 1 where N_ref is 0 or N unknown."""
-    ones = torch.ones_like(ctx.steps)
-    if reference == 0 or all(it.horizon is None for it in items):
-        return ones
-    n, known = item_horizons(ctx, items)
-    return torch.where(known, torch.clamp(reference / n, max=1.0) ** power, ones)
-
-
-def orthogonalized_step(u: torch.Tensor, it: Item, role: param_roles.ParamRole) -> torch.Tensor:
-    """width_scale · NS(u) of one matrix, u flat [n] in the parameter's layout; [*param.shape].
-
-    The JAX view (`param.permute(axes)`) is read as [fan_in, fan_out] (its input axes lead), as
-    optax's `_compute_muon_reshape` reads a leaf whose reduction axes precede its output axis.
-    """
-    jax_shape = it.jax_shape
-    fan_in = role.fan_in(jax_shape)
-    mat = u.view(tuple(it.param.shape)).permute(it.axes).reshape(fan_in, -1)
-    orth = newton_schulz(mat).reshape(jax_shape).permute(inverse_axes(it.axes)).contiguous()
-    return orth.mul_(width_scale(jax_shape, role))
+__all__ = ["Celo2LOptRule"]
 
 
 @register("Celo2LOpt")
@@ -118,15 +91,15 @@ class Celo2LOptRule(Rule):
         lo, mlp = self.learned_opt, ctx.theta["mlp"]
         loss_feats = self.loss_features(items, ctx)
         lrs = self.step_sizes(ctx, items, loss_feats)
-        rest = common.as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
-                                  for i in range(1, lo.hidden_layers)] + [(mlp["output"]["w"], mlp["output"]["b"])])
+        rest = as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
+                           for i in range(1, lo.hidden_layers)] + [(mlp["output"]["w"], mlp["output"]["b"])])
         decays = torch.tensor(lo.decays, dtype=ctx.dtype, device=ctx.device)
-        idx = lo._mom_idx
+        idx = lo.momentum_index
         beta = lo.decays[idx]
         t1 = ctx.steps + 1.0
-        bc_m = 1.0 - common.pow_f32(beta, t1 + 1.0, ctx.dtype)  # the momentum's, one step ahead (Nesterov)
-        bc_g = 1.0 - common.pow_f32(beta, t1, ctx.dtype)
-        bc_v = 1.0 - common.pow_f32(lo.rms_decay, t1, ctx.dtype)
+        bc_m = 1.0 - pow_f32(beta, t1 + 1.0, ctx.dtype)  # the momentum's, one step ahead (Nesterov)
+        bc_g = 1.0 - pow_f32(beta, t1, ctx.dtype)
+        bc_v = 1.0 - pow_f32(lo.rms_decay, t1, ctx.dtype)
         fade = None  # the learned residual's horizon factor per item, where one is set
         if lo.horizon_reference > 0 and lo.residual_horizon_power > 0:
             fade = horizon_scale(lo.horizon_reference, lo.residual_horizon_power, ctx, items)
@@ -145,7 +118,7 @@ class Celo2LOptRule(Rule):
                                                                           ctx.device)).div_(bc_g[i]))
             if ortho:
                 nesterov.div_(torch.sqrt(torch.mean(torch.square(nesterov))) + 1e-8)
-                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + common.EPS)[:, None]).t().contiguous()
+                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + EPS)[:, None]).t().contiguous()
 
                 def direction(o, s, e, out):  # b / (rms(b) + 1e-8) + MLP(x) (times the fade)
                     torch.add(nesterov[s:e], o[0] if fade is None else o[0] * fade[i], out=out)

@@ -1,0 +1,10 @@
+"""The torch parts the update rules of `lopt.torch.archs` share, each mirroring its JAX module of `lopt.parts`.
+
+- `features`: step embedding, progress and loss features, the per-tensor LSTMs' inputs.
+- `layout`: the blocks a rule walks a big tensor in, and the scratch memory it reuses.
+- `moment_features`: flat and factored momentum / second-moment accumulators and their features.
+- `nn`: the LSTM step and state, the per-parameter MLP as GEMMs, the first layer's shared bias.
+- `newton_schulz`: optax's Newton–Schulz orthogonalization and the width-scaled matrix step.
+
+The submodules are not imported here: `lopt.torch.rule` imports some of them.
+"""

@@ -1,0 +1,36 @@
+"""The prior schedule in torch (`lopt.rules.schedule`): σ(t, N) per item, a learned step size's multiplier.
+
+    σ(t, N) = 1                                                         "constant", or N unknown
+    σ(t, N) = min((t+1)/w, 1) · ½(1 + cos(π·min(t/N, 1)))              "cosine", w = max(1, ⌈0.05 N⌉)
+
+(0.05 is `lopt.rules.schedule.WARMUP_FRACTION`.) `item_horizons` gives each item's N.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from lopt.rules.schedule import WARMUP_FRACTION
+from lopt.torch.rule import Context
+
+__all__ = ["prior_schedule", "item_horizons"]
+
+
+def prior_schedule(name: str, ctx: Context, items) -> torch.Tensor:
+    """σ(t, N) per item, [L], as `lopt.rules.schedule.prior_schedule`: 1 ("constant" or N None), else
+    warm-up · ½(1 + cos(π min(t/N, 1)))."""
+    ones = torch.ones_like(ctx.steps)
+    if name == "constant" or all(it.horizon is None for it in items):
+        return ones
+    n, known = item_horizons(ctx, items)
+    t = ctx.steps
+    warm = torch.clamp((t + 1.0) / torch.clamp(torch.ceil(WARMUP_FRACTION * n), min=1.0), max=1.0)
+    sched = warm * 0.5 * (1.0 + torch.cos(math.pi * torch.clamp(t / n, max=1.0)))
+    return torch.where(known, sched, ones)
+
+
+def item_horizons(ctx: Context, items) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each item's horizon N as a float ≥ 1 ([L]; 1 where unknown) and whether it is known ([L] bool)."""
+    n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
+    return n, torch.tensor([it.horizon is not None for it in items], device=ctx.device)
