@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import optax
 
 import lopt
+import lopt.parts.layout
 from lopt.file_io import update_markdown_section
 
 SECTION = "## Optimizer step"
@@ -64,14 +65,21 @@ def model_params(widths: Sequence[int], key: jax.Array) -> dict:
     return params
 
 
+def platform_layout() -> str:
+    """The update layout of the platform jax computes on here: "cpu" or "accelerator"."""
+    return lopt.parts.layout.for_platform(jax.default_backend())
+
+
 def optimizers() -> dict[str, optax.GradientTransformation]:
     """The benchmarked optimizers by name: optax.adam(1e-3), optax.contrib.muon(0.02) (Newton–Schulz
     on the weight matrices, Adam on the biases), each learned optimizer at its initial theta, and the
     shipped meta-trained optimizers a user loads (`lopt.pretrained.load(name, num_steps=1000)`:
-    "normmlp_v3", a NormMLPLOpt, and "celo2_v4", a Celo2LOpt)."""
+    "normmlp_v3", a NormMLPLOpt, and "celo2_v4", a Celo2LOpt). Every learned optimizer takes the
+    update layout of this machine's platform (`lopt.parts.layout.for_platform`), as `load` does."""
     out = {"optax.adam": optax.adam(1e-3), "optax.contrib.muon": optax.contrib.muon(0.02)}
-    for lo in [lopt.MLPLOpt(), lopt.AdafacMLPLOpt(), lopt.RNNMLPLOpt(), lopt.NNAdam(), lopt.HyperLOpt(),
-               lopt.Celo2LOpt()]:
+    layout = platform_layout()
+    for lo in [lopt.MLPLOpt(layout=layout), lopt.AdafacMLPLOpt(layout=layout), lopt.RNNMLPLOpt(layout=layout),
+               lopt.NNAdam(), lopt.HyperLOpt(layout=layout), lopt.Celo2LOpt(layout=layout)]:
         out[lo.name] = lo.opt_fn(lo.init(jax.random.key(0)))
     for name in ["normmlp_v3", "celo2_v4"]:
         out[f"pretrained:{name}"] = lopt.pretrained.load(name, num_steps=1000)
@@ -130,14 +138,14 @@ def gemm_floor_call(lo: lopt.MLPLOpt, n: int) -> Callable[[], jax.Array]:
     Returns:
       A no-argument function running the GEMMs once and returning the output.
     """
-    from lopt.parts import features as ft
+    from lopt.parts.layout import block_starts
     f, h, c = lo.num_features, lo.hidden_size, lo.block_size(n)
     ks = jax.random.split(jax.random.key(0), 4)
     x = jax.random.normal(ks[0], (f, n), jnp.float32)
     w1 = jax.random.normal(ks[1], (h, f), jnp.float32)
     wh = jax.random.normal(ks[2], (h, h), jnp.float32)
     w3 = jax.random.normal(ks[3], (2, h), jnp.float32)
-    starts = ft.block_starts(n, c)
+    starts = block_starts(n, c)
 
     def gemms(out, x, w1, wh, w3):
         def block(i, out):
@@ -267,10 +275,10 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
     Returns:
       the section's Markdown, ending with a newline.
     """
-    lo = lopt.MLPLOpt()
+    lo = lopt.MLPLOpt(layout=platform_layout())
     floor_macs = mlp_lopt_macs(lo)
     biggest = max(a * b for widths in MODELS.values() for a, b in zip(widths[:-1], widths[1:]))
-    big_block = lopt.parts.features.block_size(biggest)  # 32768 on a CPU, 2^22 on an accelerator
+    big_block = lo.block_size(biggest)  # 32768 with the CPU layout, 2^22 with the accelerator layout
     lines = [title, "",
              f"Median of {repeats} samples, each "
              f"{'one call' if burst == 1 else f'the mean of {burst} back-to-back calls'} (optimizers and measures "
@@ -292,7 +300,7 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
                   "optimizers at the block size, of "
                   f"{', '.join(str(c) for c in GEMM_BLOCKS)}, where this machine runs them fastest, with the "
                   "throughput they reach there; MLPLOpt itself runs a tensor of n parameters in blocks of "
-                  f"`lopt.parts.features.block_size(n)` ({big_block} for the biggest matrix on this machine). "
+                  f"the layout's `block_size(n)` ({big_block} for the biggest matrix on this machine). "
                   "AdafacMLPLOpt target ≤ 8× Adam.", "",
               "| model | MLPLOpt ms (update / train step) | × FLOP floor | GEMM floor ms (block, GFLOP/s) "
               "| × GEMM floor (update / train step) | AdafacMLPLOpt × Adam (update / train step) |",
@@ -336,7 +344,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     flops = matmul_flops_per_s()
     timed = {s: bench_size(MODELS[s], args.repeats, args.burst, GEMM_BLOCKS) for s in args.sizes.split(",")}
     results = {s: (n, res) for s, (n, res, _) in timed.items()}
-    gemm_floors = {s: best_gemm_floor(lopt.MLPLOpt(), n, floors) for s, (n, _, floors) in timed.items()}
+    gemm_floors = {s: best_gemm_floor(lopt.MLPLOpt(layout=platform_layout()), n, floors) for s, (n, _, floors) in timed.items()}
     section = render(results, flops, args.repeats, args.note, args.burst, gemm_floors, args.title)
     print(section)
     if not args.no_write:

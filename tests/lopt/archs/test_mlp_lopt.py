@@ -60,7 +60,7 @@ def test_matches_reference_over_steps(chunk_size, column_min_size):
 
 
 def test_block_size_follows_the_tensor_unless_given():
-    """A tensor of n parameters runs in blocks of `features.block_size(n)`, a function of n alone
+    """A tensor of n parameters runs in blocks of the layout's `block_size(n)`, a function of n alone
     (1024 for the small tensors of meta-training's tasks, 32768 for a big model's matrices); an
     explicit chunk_size wins (capped at n); 0 is refused; neither is part of config()."""
     from lopt.parts import features as ft
@@ -76,7 +76,7 @@ def test_block_size_follows_the_tensor_unless_given():
 
 
 def test_block_size_changes_speed_not_the_update():
-    """A 10,000-parameter tensor in its default blocks (`features.block_size`: 1024, a loop of
+    """A 10,000-parameter tensor in its default blocks (`UpdateLayout.block_size`: 1024, a loop of
     overlapping blocks), in blocks of 300 and in one block of 32768 (no loop): the same updates
     over three steps, up to float32 rounding (XLA's GEMMs of other widths may round differently)."""
     lo = lopt.MLPLOpt(hidden_size=8)
