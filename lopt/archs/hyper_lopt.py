@@ -89,26 +89,28 @@ class HyperLOpt(LearnedOptimizer):
         """F, the number of per-parameter features (28 with the default decays)."""
         return adafac.num_leaf_features(len(self.momentum_decays), len(self.adafactor_decays))
 
-    def _layer_shapes(self) -> list[tuple[int, int]]:
+    def layer_shapes(self) -> list[tuple[int, int]]:
+        """The generated MLP's (fan_in, fan_out) per layer: [(F, H), (H, H) × (mlp_layers − 1), (H, 2)],
+        F = `num_features`, H = `mlp_hidden` (the order its weights are generated in)."""
         h = self.mlp_hidden
         return [(self.num_features, h)] + [(h, h)] * (self.mlp_layers - 1) + [(h, 2)]
 
     @property
     def num_generated(self) -> int:
         """P, the number of generated MLP weights (all layers' W and b)."""
-        return sum(a * b + b for a, b in self._layer_shapes())
+        return sum(a * b + b for a, b in self.layer_shapes())
 
     def _unflatten_mlp(self, flat: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
         layers, at = [], 0
-        for a, b in self._layer_shapes():
+        for a, b in self.layer_shapes():
             layers.append((flat[at:at + a * b].reshape(a, b), flat[at + a * b:at + a * b + b]))
             at += a * b + b
         return layers
 
     def init(self, key: jax.Array) -> dict:
-        keys = jax.random.split(key, len(self._layer_shapes()) + 2)
+        keys = jax.random.split(key, len(self.layer_shapes()) + 2)
         base = []
-        for k, (a, b) in zip(keys[2:], self._layer_shapes()):
+        for k, (a, b) in zip(keys[2:], self.layer_shapes()):
             layer = dense_init(k, a, b)
             base += [layer["w"].reshape(-1), layer["b"]]
         hl = self.lstm_hidden

@@ -17,21 +17,7 @@ from lopt.torch.parts.moment_features import FactoredLeaf, decays_of, factored_s
 from lopt.torch.parts.nn import as_columns, lstm_state, run_lstm
 from lopt.torch.rule import Rule, register
 
-__all__ = ["HyperLOptRule", "layer_shapes"]
-
-
-def layer_shapes(learned_opt) -> list[tuple[int, int]]:
-    """The generated MLP's (fan_in, fan_out) per layer, from the HyperLOpt's public configuration:
-    [(F, H), (H, H) × (mlp_layers − 1), (H, 2)], F = `num_features`, H = `mlp_hidden`.
-
-    Raises:
-      ValueError: they do not add up to the HyperLOpt's `num_generated` weights.
-    """
-    h = learned_opt.mlp_hidden
-    shapes = [(learned_opt.num_features, h)] + [(h, h)] * (learned_opt.mlp_layers - 1) + [(h, 2)]
-    if sum(a * b + b for a, b in shapes) != learned_opt.num_generated:
-        raise ValueError(f"HyperLOpt's generated MLP does not match {shapes}: {learned_opt.num_generated} weights")
-    return shapes
+__all__ = ["HyperLOptRule"]
 
 
 @register("HyperLOpt")
@@ -74,7 +60,7 @@ class HyperLOptRule(Rule):
                 yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
             layers, at = [], 0
-            for a, b in layer_shapes(lo):
+            for a, b in lo.layer_shapes():
                 layers.append((weights[i, at:at + a * b].reshape(a, b), weights[i, at + a * b:at + a * b + b]))
                 at += a * b + b
             layers[0] = (layers[0][0] * torch.rsqrt(stats[i] + EPS)[:, None], layers[0][1])

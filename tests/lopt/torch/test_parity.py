@@ -122,7 +122,7 @@ def test_every_architecture_matches_its_jax_transform(name):
 
 @pytest.mark.parametrize("name", lopt.pretrained.names())
 def test_every_shipped_optimizer_matches_its_jax_transform(name):
-    """lt.optimizer(name) is lopt.pretrained.load(name): the deployed architecture (DEPLOY_OPTIONS applied)."""
+    """lt.optimizer(name) is lopt.pretrained.load(name): the deployed architecture (deploy_options applied)."""
     learned_opt, theta = lopt.pretrained.deployed_learned_optimizer(name)
     check_parity(learned_opt, theta, source=name)
 
@@ -217,7 +217,7 @@ BRAKE_CONFIGS = {"normmlp_brake_random_theta": lopt.NormMLPLOpt(overshoot_gain=0
 @pytest.mark.parametrize("name", ["normmlp_v3", *BRAKE_CONFIGS])
 def test_overshoot_brake_matches(name):
     """The overshoot brake (global over all parameters) as the JAX transform applies it: normmlp_v3
-    as shipped (DEPLOY_OPTIONS: overshoot_gain 0.2; α falls to its floor here), a random-theta
+    as shipped (deploy_options: overshoot_gain 0.2; α falls to its floor here), a random-theta
     NormMLPLOpt(overshoot_gain=0.2) (α falls to ~0.09) and a random-theta Celo2LOpt(overshoot_gain=0.2)
     (α falls to its floor): parameters ≤ 1e-5 relative after 100 steps and α_t within 1e-5 at every step."""
     if name in lopt.pretrained.names():
