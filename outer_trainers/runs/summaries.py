@@ -3,7 +3,7 @@
     log = MetricsLog(output_dir, resume_step=s)   # drops jsonl lines with step > s first
     log.write(step, {"meta_loss": 0.3, ...})      # one JSON line + one TB scalar per number
     log.close()
-    bar = Progress(mode, total, initial)          # mode: "bar" (tqdm), "log" (plain lines), "none"
+    bar = Progress(mode, total, initial)          # mode: "auto", "bar" (tqdm), "log" (plain lines), "none"
 
 TensorBoard files are written with tensorboardX (no TensorFlow) under `output_dir/tb`; after a
 resume, `purge_step` tells TensorBoard to hide the old run's events past the checkpoint.
@@ -127,29 +127,68 @@ OUTER_PROGRESS_FIELDS = (("meta_loss", "meta_loss"), ("inner_steps/s", "inner_st
                          ("nonfinite", "nonfinite_frac"), ("dropped", "num_dropped_total"))
 
 
-class Progress:
-    """Progress display of a training loop: a tqdm bar, plain log lines, or nothing.
+PROGRESS_MODES = ("auto", "bar", "log", "none")
+DEFAULT_LOG_INTERVAL_S = 5.0
+
+
+def resolve_progress_mode(mode: str, stream=None) -> str:
+    """The display a progress `mode` means here: "auto" is "bar" on a terminal and "log" elsewhere.
+
+    A tqdm bar redraws itself with carriage returns, which a terminal shows as one moving line but a
+    log file (output piped, as CI and cluster jobs run) keeps as one line holding every redraw; so
+    off a terminal "auto" writes plain lines instead.
 
     Args:
-        mode: "bar": a tqdm bar (with ETA); "log": one plain line with an ETA on stderr per
-            `update(..., metrics)` (for log files); "none": silent.
+        mode: one of `PROGRESS_MODES`.
+        stream: where the display goes (None: `sys.stderr`).
+
+    Returns:
+        "bar", "log" or "none".
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in PROGRESS_MODES:
+        raise ValueError(f"progress mode must be one of {PROGRESS_MODES}, got {mode!r}")
+    if mode != "auto":
+        return mode
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return "bar" if callable(isatty) and isatty() else "log"
+
+
+class Progress:
+    """Progress display of a training loop: a tqdm bar, plain periodic lines, or nothing.
+
+    Args:
+        mode: "auto": "bar" when stderr is a terminal, else "log" (`resolve_progress_mode`); "bar": a tqdm
+            bar (with ETA); "log": plain lines on stderr (for log files), one when `interval_s` seconds have
+            passed since the last line (or the start), one at the first update that brings metrics and one at the last step,
+            each with the step, an ETA and the most recent logged metrics; "none": silent.
         total: the step the run trains to.
         initial: the step it starts from.
         desc: the bar's label.
         fields: (label, metric key) pairs of the logged metrics to show, in order; a key absent from
             a step's metrics is left out. The default shows the outer loop's meta-loss, inner steps/s,
             the fraction of non-finite inner steps and the dropped estimates so far.
+        interval_s: the "log" mode's seconds between lines (0: a line at every update).
     """
 
     def __init__(self, mode: str, total: int, initial: int = 0, desc: str = "outer",
-                 fields: Sequence[tuple[str, str]] = OUTER_PROGRESS_FIELDS):
-        if mode not in ("bar", "log", "none"):
-            raise ValueError(f"progress mode must be 'bar', 'log' or 'none', got {mode!r}")
-        self.mode, self.total, self.n = mode, total, initial
+                 fields: Sequence[tuple[str, str]] = OUTER_PROGRESS_FIELDS,
+                 interval_s: float = DEFAULT_LOG_INTERVAL_S):
+        if mode not in PROGRESS_MODES:
+            raise ValueError(f"progress mode must be 'auto', 'bar', 'log' or 'none', got {mode!r}")
+        if not interval_s >= 0:
+            raise ValueError(f"interval_s must be >= 0 seconds, got {interval_s}")
+        self.mode, self.total, self.n = resolve_progress_mode(mode), total, initial
         self.fields = tuple((str(label), str(key)) for label, key in fields)
+        self.interval_s = float(interval_s)
         self._t0, self._n0 = time.perf_counter(), initial
+        self._last_line: Optional[float] = None
+        self._shown: dict = {}
         self._bar = None
-        if mode == "bar":
+        if self.mode == "bar":
             from tqdm.auto import tqdm
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
 
@@ -166,12 +205,21 @@ class Progress:
             if shown:
                 self._bar.set_postfix(shown, refresh=False)
             self._bar.update(n)
-        elif self.mode == "log" and metrics:
-            done = self.n - self._n0
-            rate = done / max(time.perf_counter() - self._t0, 1e-9)
-            eta = (self.total - self.n) / rate if rate > 0 else float("inf")
-            print(f"step {self.n}/{self.total} " + " ".join(f"{k}={v}" for k, v in shown.items()) + f" eta={eta:.0f}s",
-                  file=sys.stderr, flush=True)
+        elif self.mode == "log":
+            self._shown.update(shown)
+            now = time.perf_counter()
+            first = self._last_line is None and bool(metrics)
+            due = now - (self._t0 if self._last_line is None else self._last_line) >= self.interval_s
+            if first or due or self.n >= self.total:
+                self._last_line = now
+                self._print_line(now)
+
+    def _print_line(self, now: float) -> None:
+        done = self.n - self._n0
+        rate = done / max(now - self._t0, 1e-9)
+        eta = (self.total - self.n) / rate if rate > 0 else float("inf")
+        parts = [f"step {self.n}/{self.total}"] + [f"{k}={v}" for k, v in self._shown.items()] + [f"eta={eta:.0f}s"]
+        print(" ".join(parts), file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """Closes the tqdm bar (if any)."""
