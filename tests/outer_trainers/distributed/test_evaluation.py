@@ -7,12 +7,13 @@ import numpy as np
 import outer_trainers as ot
 from outer_trainers.runs.checkpoint_files import read
 from outer_trainers.runs.checkpoint_manager import CheckpointManager
-from outer_trainers.distributed import ray_outer_train
+from outer_trainers.distributed import RayWorkers, ray_outer_train
 from outer_trainers.distributed.learner_state import init_learner_state
 from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import quadratic_evaluator, quadratic_run
 
 TIMEOUT = 300
+WORKERS = RayWorkers(stall_timeout_s=TIMEOUT)
 
 
 def test_eval_actor_logs_metrics_and_feeds_best_checkpoints(ray_local, tmp_path):
@@ -23,7 +24,7 @@ def test_eval_actor_logs_metrics_and_feeds_best_checkpoints(ray_local, tmp_path)
     state = ray_outer_train(make, 6, num_workers=1, seed=0, progress=False, output_dir=str(tmp_path),
                             make_evaluator=quadratic_evaluator, eval_every_steps=2, checkpoint_policy=policy,
                             callback=lambda step, st, m: thetas.__setitem__(step, st.theta),
-                            stall_timeout_s=TIMEOUT)
+                            workers=WORKERS)
     assert state.step == 6
     lines = metrics_lines(tmp_path)
     assert [l["step"] for l in lines] == list(range(1, 7))

@@ -10,11 +10,12 @@ import ray
 from ray.cluster_utils import Cluster
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from outer_trainers.distributed import ray_outer_train
+from outer_trainers.distributed import RayWorkers, ray_outer_train
 from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import quadratic_run
 
 TIMEOUT = 300
+WORKERS = RayWorkers(stall_timeout_s=TIMEOUT)
 
 
 def _when(ask):
@@ -46,8 +47,9 @@ def test_sigkill_a_worker_mid_run(ray_local, tmp_path):
             _when(lambda: ray.get(victim.num_states.remote(), timeout=TIMEOUT))
 
     state = ray_outer_train(make, 7, num_workers=2, seed=0, progress=False, output_dir=str(tmp_path),
-                            actor_options=[None, {"name": "lopt-test-victim"}], callback=kill_worker_1,
-                            stall_timeout_s=TIMEOUT)
+                            callback=kill_worker_1,
+                            workers=RayWorkers(stall_timeout_s=TIMEOUT,
+                                               actor_options=[None, {"name": "lopt-test-victim"}]))
     assert len(killed) == 2 and killed[0] != killed[1] and state.step == 7
     assert all(np.isfinite(np.asarray(v)).all() for v in state.theta.values())
     lines = metrics_lines(tmp_path)
@@ -86,8 +88,9 @@ def test_remove_a_node_mid_run(tmp_path):
                 placed["after"] = ray.get(actor.node_id.remote(), timeout=TIMEOUT)
 
         state = ray_outer_train(make, 6, num_workers=2, seed=0, progress=False, output_dir=str(tmp_path),
-                                actor_options=[None, dict(on_doomed, name="lopt-test-doomed")],
-                                callback=remove_at_2, stall_timeout_s=TIMEOUT)
+                                callback=remove_at_2,
+                                workers=RayWorkers(stall_timeout_s=TIMEOUT,
+                                                   actor_options=[None, dict(on_doomed, name="lopt-test-doomed")]))
         assert placed["node"] == doomed.node_id  # the worker did run on the node that was removed
         assert state.step == 6
         last = metrics_lines(tmp_path)[-1]

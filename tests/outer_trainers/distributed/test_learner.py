@@ -9,8 +9,9 @@ import pytest
 import ray
 
 import outer_trainers as ot
-from outer_trainers.distributed import ray_outer_train
-from outer_trainers.distributed.learner import _Loop
+from outer_trainers.distributed import RayWorkers, ray_outer_train
+from outer_trainers.distributed import learner as dist_learner
+from outer_trainers.distributed.learner_loop import LearnerLoop
 from outer_trainers.distributed.learner_state import init_learner_state
 from outer_trainers.distributed.worker import EstimatorWorker
 from outer_trainers.distributed.worker_pool import Event
@@ -20,6 +21,7 @@ from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import fails_on_workers, quadratic_run
 
 TIMEOUT = 300  # generous: other engineers' tests share the 2 cores
+WORKERS = RayWorkers(stall_timeout_s=TIMEOUT)
 
 
 def _theta(state):
@@ -39,8 +41,9 @@ def test_sync_mode_equals_local_outer_train(ray_local, tmp_path):
                           for w in range(2)]
 
     dist = ray_outer_train(make, 4, num_workers=2, seed=3, progress=False, weights=[1.0, 2.0, 1.0],
-                           output_dir=str(tmp_path), stall_timeout_s=TIMEOUT, callback=count_compiles,
-                           actor_options=[{"name": "lopt-test-w0"}, {"name": "lopt-test-w1"}])
+                           output_dir=str(tmp_path), callback=count_compiles,
+                           workers=RayWorkers(stall_timeout_s=TIMEOUT,
+                                              actor_options=[{"name": "lopt-test-w0"}, {"name": "lopt-test-w1"}]))
     init = _theta(ot.init_outer_state(learner, ests, jax.random.key(3)))
     a, b = _theta(local), _theta(dist)
     assert dist.step == 4
@@ -58,8 +61,8 @@ def test_sync_mode_equals_local_outer_train(ray_local, tmp_path):
 
 def test_async_two_workers_reports_staleness(ray_local, tmp_path):
     make = functools.partial(quadratic_run, num_estimators=2)
-    state = ray_outer_train(make, 6, num_workers=2, max_staleness=2, num_estimates_per_step=1, seed=0,
-                            progress=False, output_dir=str(tmp_path), stall_timeout_s=TIMEOUT)
+    state = ray_outer_train(make, 6, num_workers=2, seed=0, progress=False, output_dir=str(tmp_path),
+                            workers=RayWorkers(max_staleness=2, num_estimates_per_step=1, stall_timeout_s=TIMEOUT))
     assert state.step == 6
     assert all(np.isfinite(v) for v in _theta(state).values())
     lines = metrics_lines(tmp_path)
@@ -130,7 +133,8 @@ def test_async_staleness_is_measured_and_bounded():
     state = init_learner_state(learner, 2, jax.random.key(0))
     pool = _ScriptedPool(make, [(0,), (1,)], slow=1, hold=3)
     fake_ray = types.SimpleNamespace(put=lambda x: x)
-    loop = _Loop(learner, ests, [1.0, 1.0], state, 0, pool, None, RunCheckpoints(None), 1, 1, False, 10.0, fake_ray)
+    loop = LearnerLoop(learner, ests, [1.0, 1.0], state, 0, pool, None, RunCheckpoints(None), 1, 1, False, 10.0,
+                       fake_ray)
     logged = []
     with Reporter(None, start=0, target=6, progress=False) as reporter:
         final = loop.run(6, reporter, lambda step, st, m: logged.append(m))
@@ -155,10 +159,10 @@ def test_resume_after_a_killed_learner(ray_local, tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         ray_outer_train(make, 6, num_workers=1, seed=1, progress=False, output_dir=str(tmp_path),
-                        checkpoint_policy=policy, callback=die_at_3, stall_timeout_s=TIMEOUT)
+                        checkpoint_policy=policy, callback=die_at_3, workers=WORKERS)
     steps = []
     state = ray_outer_train(make, 5, num_workers=1, seed=1, progress=False, output_dir=str(tmp_path),
-                            checkpoint_policy=policy, stall_timeout_s=TIMEOUT,
+                            checkpoint_policy=policy, workers=WORKERS,
                             callback=lambda step, st, m: steps.append(step))
     assert steps == [4, 5] and state.step == 5
     assert int(state.learner_state.step) == 5  # updates applied: 3 before the kill + 2 after
@@ -172,12 +176,35 @@ def test_resume_after_a_killed_learner(ray_local, tmp_path):
     # a changed run is refused, and nothing on disk changes
     with pytest.raises(ValueError):
         ray_outer_train(functools.partial(quadratic_run, num_estimators=3), 6, num_workers=2, progress=False,
-                        output_dir=str(tmp_path), checkpoint_policy=policy, stall_timeout_s=TIMEOUT)
+                        output_dir=str(tmp_path), checkpoint_policy=policy, workers=WORKERS)
     assert [line["step"] for line in metrics_lines(tmp_path)] == [1, 2, 3, 4, 5]
 
 
 def test_a_worker_that_cannot_build_the_run_fails_clearly(ray_local, tmp_path):
     make = functools.partial(fails_on_workers, os.getpid())
     with pytest.raises(RuntimeError, match="(?s)could not be built.*cannot be built here"):
-        ray_outer_train(make, 2, num_workers=1, progress=False, output_dir=str(tmp_path), stall_timeout_s=TIMEOUT)
+        ray_outer_train(make, 2, num_workers=1, progress=False, output_dir=str(tmp_path), workers=WORKERS)
     assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_ray_workers_meta_train_repeats_the_weights_per_copy(monkeypatch):
+    """`RayWorkers.meta_train` (the gin-configured run's Ray path) is `ray_outer_train` with its settings."""
+    seen = {}
+    monkeypatch.setattr(dist_learner, "ray_outer_train", lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs))
+    workers = RayWorkers(max_staleness=1)
+    workers.meta_train("make_run", 4, num_workers=3, copies=2, weights=[1.0, 3.0], eval_every=5, seed=7)
+    assert seen["args"] == ("make_run", 4)
+    assert seen["kwargs"] == dict(num_workers=3, workers=workers, weights=[1.0, 3.0, 1.0, 3.0], make_evaluator=None,
+                                  eval_every_steps=5, seed=7)
+
+
+def test_ray_workers_settings_are_checked_values():
+    assert RayWorkers().synchronous and not RayWorkers(max_staleness=1).synchronous
+    assert RayWorkers(actor_options=[{"a": 1}]) == RayWorkers(actor_options=({"a": 1},))
+    assert hash(RayWorkers(actor_options=[{"a": 1}])) == hash(RayWorkers())  # actor options are left out of it
+    with pytest.raises(ValueError, match="max_staleness"):
+        RayWorkers(max_staleness=-1)
+    with pytest.raises(ValueError, match="num_estimates_per_step"):
+        RayWorkers(num_estimates_per_step=0)
+    with pytest.raises(TypeError, match="workers must be a RayWorkers"):
+        ray_outer_train(lambda: None, 2, num_workers=1, workers={"max_staleness": 1})
