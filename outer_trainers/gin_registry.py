@@ -14,6 +14,12 @@ State containers are the pytrees that carry values between steps or out of a run
 (optimizer states such as `MLPLOptState`, `TrainResult`). A plain (frozen) `dataclasses.dataclass`
 such as a truncation schedule or `CheckpointPolicy` is configuration and is registered.
 
+The settings groups of the gin-configured meta-training run (`SETTINGS_GROUPS`: `MetaEval`,
+`Comparison`, `Validation`, `Reporting`, `CheckpointPolicy`, `RayWorkers`) are registered too, each
+under its own name: `learner.gin_run.train` builds them from their bindings
+(`MetaEval.every = 100`). Bindings of `train` that moved into a group are listed in
+`RENAMED_BINDINGS`; a config that still uses one is refused naming the new binding.
+
 `load_config` parses gin files and bindings for the scripts, with their error handling.
 `learner.gin_run` holds the gin-configured meta-training run (`train`) of scripts/outer_train.py
 and the run description Ray workers rebuild from gin text.
@@ -34,11 +40,35 @@ import optax
 import lopt
 import outer_trainers
 import tasks
+from outer_trainers.distributed import RayWorkers
+from outer_trainers.learner import run_settings
 
 OPTAX_NAMES = ("adam", "adamw", "sgd", "rmsprop", "lion", "adafactor", "chain", "clip_by_global_norm", "clip",
                "scale", "scale_by_adam", "add_decayed_weights", "cosine_decay_schedule",
                "warmup_cosine_decay_schedule", "exponential_decay", "MultiSteps")
 PACKAGES = (lopt, tasks, outer_trainers)
+# the settings groups of `learner.gin_run.train` that no package's `__all__` registers: {gin name: class}
+GROUP_CLASSES = {"MetaEval": run_settings.MetaEval, "Comparison": run_settings.Comparison,
+                 "Validation": run_settings.Validation, "Reporting": run_settings.Reporting, "RayWorkers": RayWorkers}
+SETTINGS_GROUPS = tuple(GROUP_CLASSES) + ("CheckpointPolicy",)
+
+# bindings of `train` that moved into a settings group: {old name: new name}
+RENAMED_BINDINGS = {
+    **{f"train.meta_eval_{k}": f"MetaEval.{k}" for k in ("every", "tasks", "num_tasks", "num_steps", "seed")},
+    **{f"train.eval_{k}": f"Comparison.{k}" for k in ("num_tasks", "num_steps", "adam_lrs")},
+    **{f"train.validation_{k}": f"Validation.{k}" for k in ("every", "suite", "tasks", "num_steps", "num_seeds",
+                                                            "baseline", "lrs", "max_extensions")},
+    "train.checkpoint_every_steps": "CheckpointPolicy.every_steps",
+    "train.checkpoint_every_seconds": "CheckpointPolicy.every_seconds",
+    "train.keep_checkpoints": "CheckpointPolicy.keep", "train.checkpoints_at": "CheckpointPolicy.checkpoints_at",
+    "train.permanent_checkpoint_every": "CheckpointPolicy.permanent_every",
+    **{f"train.{k}": f"CheckpointPolicy.{k}" for k in ("best_metric", "best_mode", "keep_best")},
+    **{f"train.{k}": f"Reporting.{k}" for k in ("progress", "log_every", "tensorboard", "max_consecutive_dropped")},
+    **{f"train.{k}": f"RayWorkers.{k}" for k in ("max_staleness", "num_estimates_per_step")},
+    "train.ray_address": "RayWorkers.address (or --ray_address)",
+    "train.config": "nothing: the recorded config is read from the gin config itself",
+}
+_BINDING_NAME = re.compile(r"^[ \t]*(?:[\w.]+/)*(?:[\w.]+\.)?(train\.\w+)[ \t]*=", re.MULTILINE)
 
 _registered = False
 
@@ -93,7 +123,39 @@ def register_all() -> None:
     for name in OPTAX_NAMES:
         if hasattr(optax, name):
             gin.external_configurable(getattr(optax, name), name=name, module="optax")
+    for name, cls in GROUP_CLASSES.items():
+        gin.external_configurable(cls, name=name, module=outer_trainers.__name__)
     _registered = True
+
+
+def renamed_bindings(config_text: str) -> list[str]:
+    """The bindings of `config_text` that use a name `train` no longer has, each with its new name.
+
+    Args:
+      config_text: gin config text (a file's or a `--gin_param`'s).
+
+    Returns:
+      one line per renamed binding found, e.g. "train.log_every is now Reporting.log_every"; empty when none.
+    """
+    found = dict.fromkeys(m.group(1) for m in _BINDING_NAME.finditer(config_text))
+    return [f"{old} is now {RENAMED_BINDINGS[old]}" for old in found if old in RENAMED_BINDINGS]
+
+
+def check_renamed_bindings(config_text: str, source: str = "the gin config") -> None:
+    """Refuses a config that binds a renamed `train` parameter, naming the new binding.
+
+    Args:
+      config_text: gin config text.
+      source: what the text is, for the message (a file name, "--gin_param ...").
+
+    Raises:
+      ValueError: a binding uses an old name (e.g. a run directory's config.gin written before the rename).
+    """
+    renamed = renamed_bindings(config_text)
+    if renamed:
+        raise ValueError(f"{source} binds parameters of `train` that moved into settings groups: "
+                         + "; ".join(renamed) + ". Rename the bindings (a run started with the old names "
+                         "resumes with the new ones).")
 
 
 def load_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
@@ -102,18 +164,31 @@ def load_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:
     For command-line scripts: a missing file exits with its name; a config gin rejects (unknown
     configurable or parameter, syntax error) prints gin's message to stderr, naming the file or
     quoting the `--gin_param` text that failed, and exits with status 2, before anything is built
-    or compiled. Each file and each binding is parsed on its own so the error names its source.
+    or compiled; so does a binding of a renamed `train` parameter, naming its new name
+    (`check_renamed_bindings`). Each file and each binding is parsed on its own so the error names
+    its source.
 
     Args:
       gin_files: paths of gin files, parsed in order.
       gin_params: gin bindings such as `"train.num_steps = 10"`, parsed after the files.
 
     Raises:
-      SystemExit: a file does not exist (status 1) or gin cannot parse the config (status 2).
+      SystemExit: a file does not exist (status 1), gin cannot parse the config or it binds a renamed
+        parameter (status 2).
     """
     for f in gin_files:
         if not os.path.exists(f):
             raise SystemExit(f"error: gin file {f!r} does not exist")
+    texts = [(f"gin file {f}", open(f, encoding="utf-8").read()) for f in gin_files]
+    refused = []
+    for source, text in texts + [(f"--gin_param {p!r}", p) for p in gin_params]:
+        try:
+            check_renamed_bindings(text, source)
+        except ValueError as e:
+            refused.append(str(e))
+    if refused:
+        print("error: " + "\nerror: ".join(refused), file=sys.stderr)
+        raise SystemExit(2)
     steps = [(f"bad gin configuration in {f}", gin.parse_config_file, f) for f in gin_files]
     steps += [(f"bad --gin_param {p!r}", gin.parse_config, p) for p in gin_params]
     steps.append(("bad gin configuration (while finalizing)", lambda _: gin.finalize(), None))

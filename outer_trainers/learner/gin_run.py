@@ -2,17 +2,23 @@
 
     from outer_trainers.gin_registry import load_config
     from outer_trainers.learner.gin_run import train
-    load_config(["scripts/configs/quickstart.gin"], ["train.num_steps = 20"])
+    load_config(["scripts/configs/quickstart.gin"], ["train.num_steps = 20", "Reporting.log_every = 5"])
     state = train("runs/quickstart")
 
-`train` is registered with gin as `train` (gin files bind `train.num_steps = ...`), and
-`clipped_outer_opt` as `clipped_outer_opt`; importing this module registers them, and the public
-API through `gin_registry`. `train` runs the steps of `learner.meta_training_run` in order.
+`train` is registered with gin as `train`: its parameters say what is meta-trained and for how
+long (`train.task_family`, `train.estimators`, `train.num_steps`, `train.seed`, ...). The rest of a
+run's settings are groups, each a frozen dataclass that `train` builds from its own gin bindings:
+`MetaEval.*`, `Comparison.*`, `Validation.*`, `Reporting.*` (`learner.run_settings`) and
+`CheckpointPolicy.*`. Importing this module registers `train` and `clipped_outer_opt`, and the
+public API and the settings groups through `gin_registry`. `train` runs the steps of
+`learner.meta_training_run` in order.
 
-With Ray workers (`train.num_workers > 0`), each worker rebuilds the learner and estimators from
-`GinRun(config_text, copies)`, which pickles as the run's gin text: unpickling it in a worker
-imports this module (so `train` is registered there) and the worker parses the text itself. A
-worker needs the installed packages only, nothing from scripts/.
+With Ray workers (`train.num_workers > 0`) the run is handed what runs them, `train.workers` (an
+`outer_trainers.distributed.RayWorkers`, its settings bound as `RayWorkers.*`; scripts/outer_train.py
+passes one), so this module imports nothing of distributed/. Each worker rebuilds the learner and
+estimators from `GinRun(config_text, copies)`, which pickles as the run's gin text: unpickling it in
+a worker imports this module (so `train` is registered there) and the worker parses the text
+itself. A worker needs the installed packages only, nothing from scripts/.
 
 Besides `gin_registry`, this is the one module of the package that imports gin; `import
 outer_trainers` imports neither.
@@ -20,7 +26,8 @@ outer_trainers` imports neither.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional, Sequence, Union
+import dataclasses
+from typing import Any, Callable, Optional, Sequence
 
 import gin
 import optax
@@ -28,24 +35,24 @@ import optax
 import outer_trainers as ot
 from lopt.base import LearnedOptimizer
 from outer_trainers import gin_registry  # noqa: F401  (registers the public API with gin)
-from outer_trainers.distributed.cluster import ray_connection
+from outer_trainers.gin_registry import SETTINGS_GROUPS, gin_bindings
 from outer_trainers.learner.meta_training_run import (build_run, check_output_dir, check_run_arguments,
                                                       compare_with_adam, make_meta_evaluator, make_validation_selector,
-                                                      meta_train_locally, meta_train_on_ray, prepare_output_dir,
-                                                      worker_copies)
+                                                      meta_train_locally, prepare_output_dir, worker_copies)
 from outer_trainers.learner.run_records import run_metadata
+from outer_trainers.learner.run_settings import Comparison, MetaEval, Reporting, Validation
 from outer_trainers.learner.theta_best import best_score_on_disk
-from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED
+from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.steps.truncation_schedule import TruncationSchedule
 from tasks.base import TaskFamily
 
-# Bindings left out of the config a resume compares (logging, evaluation, saving, workers; and the length, which
-# the checkpoints record as num_steps, changed only with train.extend): every other binding must match. (Validation
-# settings that differ from those theta_best.json was selected with are refused by the run itself.)
-RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.progress", "train.log_every",
-               "train.tensorboard", "train.resume", "train.overwrite", "train.extend", "train.eval_",
-               "train.meta_eval_", "train.checkpoint", "train.keep_", "train.permanent_", "train.best_", "train.num_workers",
-               "train.max_staleness", "train.num_estimates_per_step", "train.validation_")
+# Bindings left out of the config a resume compares (the settings groups: logging, evaluation, validation, saving,
+# workers; the run-directory switches; and the length, which the checkpoints record as num_steps, changed only with
+# train.extend): every other binding must match. (Validation settings that differ from those theta_best.json was
+# selected with are refused by the run itself.)
+RESUME_SAFE = (("train.num_steps", "train.resume", "train.overwrite", "train.extend", "train.num_workers",
+                "train.workers") + tuple(f"{module}{name}." for name in SETTINGS_GROUPS
+                                         for module in ("", "outer_trainers.")))
 # the arguments of `train` that describe the run's learner and estimators (what `GinRun` rebuilds on a worker)
 RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split", "theta_ema",
             "theta_init", "theta_init_changes")
@@ -102,60 +109,71 @@ class GinRun:
 
 
 class GinEvaluator:
-    """A picklable factory of the run's MetaEvaluator for an evaluation actor: `GinEvaluator(run, ...)()`.
+    """A picklable factory of the run's MetaEvaluator for an evaluation actor: `GinEvaluator(run)()`.
 
     Args:
-      run: the run's GinRun (its config gives the learned optimizer, `train.meta_eval_tasks` and
-        the default task family).
-      num_tasks: tasks drawn per meta-evaluated family.
-      num_steps: inner steps of each meta-evaluation run.
-      seed: the seed of the meta-evaluation task draws.
+      run: the run's GinRun (its config gives the learned optimizer, the task family and the `MetaEval`
+        bindings: the tasks, their number, inner steps and seed).
     """
 
-    def __init__(self, run: GinRun, num_tasks: int, num_steps: int, seed: int):
-        self.run, self.num_tasks, self.num_steps, self.seed = run, num_tasks, num_steps, seed
+    def __init__(self, run: GinRun):
+        self.run = run
 
     def __call__(self) -> ot.MetaEvaluator:
-        """The MetaEvaluator of `train.meta_eval_tasks` (default: the task family)."""
+        """The MetaEvaluator of `MetaEval.tasks` (default: the task family)."""
         b = self.run.bindings()
-        return make_meta_evaluator(b["learned_opt"], b["task_family"], b.get("meta_eval_tasks"),
-                                   num_tasks=self.num_tasks, num_steps=self.num_steps, seed=self.seed)
+        return meta_evaluator(b["learned_opt"], b["task_family"], configured(MetaEval))
+
+
+def configured(group: type) -> Any:
+    """A settings group built from its gin bindings (`configured(MetaEval)`: `MetaEval.every = 100`, ...).
+
+    Args:
+      group: a settings class registered with gin (`gin_registry.SETTINGS_GROUPS`).
+
+    Returns:
+      the instance, its fields as bound (unbound ones: the class's defaults).
+    """
+    return gin.get_configurable(group)()
+
+
+def meta_evaluator(learned_opt: LearnedOptimizer, task_family: TaskFamily, settings: MetaEval) -> ot.MetaEvaluator:
+    """The run's periodic meta-evaluation as `settings` describe it (`meta_training_run.make_meta_evaluator`)."""
+    return make_meta_evaluator(learned_opt, task_family, settings.tasks, num_tasks=settings.num_tasks,
+                               num_steps=settings.num_steps, seed=settings.seed)
 
 
 @gin.configurable
 def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_opt: LearnedOptimizer = gin.REQUIRED,
           trunc_sched: TruncationSchedule = gin.REQUIRED, estimators: Sequence[Callable] = gin.REQUIRED,
           estimator_weights: Optional[Sequence[float]] = None, outer_opt: optax.GradientTransformation = gin.REQUIRED,
-          num_steps: int = 100, seed: int = 0, meta_loss_split: Optional[str] = None,
-          theta_ema: Optional[float] = None, theta_init: Optional[str] = None,
-          theta_init_changes: Sequence[str] = (), eval_num_tasks: int = 0, eval_num_steps: int = 200,
-          eval_adam_lrs: Sequence[float] = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0),
-          progress: Union[bool, str] = True, log_every: int = 1, tensorboard: bool = True, resume: bool = True,
-          overwrite: bool = False, extend: bool = False,
-          max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
-          checkpoint_every_steps: Optional[int] = None, checkpoint_every_seconds: Optional[float] = 600.0,
-          keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (),
-          permanent_checkpoint_every: Optional[int] = None,
-          best_metric: Optional[str] = "eval/final_loss", best_mode: str = "min", keep_best: int = 1,
-          meta_eval_every: int = 0, meta_eval_tasks: Optional[Sequence[Any]] = None, meta_eval_num_tasks: int = 4,
-          meta_eval_num_steps: int = 100, meta_eval_seed: int = 12345,
-          validation_every: int = 0, validation_suite: Optional[str] = None,
-          validation_tasks: Optional[Sequence[Any]] = None, validation_num_steps: Optional[int] = None,
-          validation_num_seeds: Optional[int] = None, validation_baseline: str = "adam",
-          validation_lrs: Optional[Sequence[float]] = None, validation_max_extensions: int = 4,
-          num_workers: int = 0, max_staleness: int = 0, num_estimates_per_step: Optional[int] = None,
-          ray_address: Optional[str] = None,
-          config: Optional[dict] = None, config_text: Optional[str] = None) -> ot.OuterTrainState:
+          meta_loss_split: Optional[str] = None, num_steps: int = 100, seed: int = 0,
+          theta_ema: Optional[float] = None, theta_init: Optional[str] = None, theta_init_changes: Sequence[str] = (),
+          num_workers: int = 0, workers: Any = None, resume: bool = True, overwrite: bool = False,
+          extend: bool = False, config_text: Optional[str] = None) -> ot.OuterTrainState:
     """Meta-trains `learned_opt` on `task_family`, then optionally compares it with Adam.
 
     The steps of `learner.meta_training_run`, in order: checks the arguments, builds the
     `LOptTruncatedStep` and the estimators, checks whether the run may start or resume in
     `output_dir` (nothing is written before), connects to Ray when meta-training on workers,
-    writes `config_text` to config.gin, meta-trains (in this process, or on `num_workers` Ray
-    workers that rebuild the run from its gin config), checkpointing and resuming in `output_dir`
-    and meta-evaluating every `meta_eval_every` steps (validating every `validation_every` steps, keeping
-    theta_best), and, when `eval_num_tasks` > 0, prints and
-    writes comparison.md: `compare_optimizers` on held-out tasks.
+    writes the run's gin config to config.gin, meta-trains (in this process, or on `num_workers` Ray
+    workers that rebuild the run from its gin config), checkpointing and resuming in `output_dir`,
+    meta-evaluating and validating (keeping theta_best) as the settings groups say, and, when
+    `Comparison.num_tasks` > 0, prints and writes comparison.md: `compare_optimizers` on held-out tasks.
+
+    The settings besides these arguments are groups built from their gin bindings (`configured`):
+
+      MetaEval          periodic meta-evaluation: every, tasks, num_tasks, num_steps, seed
+      Comparison        the final comparison with tuned Adam: num_tasks, num_steps, adam_lrs
+      Validation        theta_best on validation tasks: every, suite, tasks, num_steps, num_seeds, baseline,
+                        lrs, max_extensions
+      CheckpointPolicy  every_steps, every_seconds (default 600), keep, checkpoints_at, permanent_every,
+                        best_metric (default here "eval/final_loss" when meta-evaluating), best_mode,
+                        keep_best; best checkpoints only while meta-evaluation or validation runs
+      Reporting         progress ("auto": a bar on a terminal, else a line every few seconds), log_every,
+                        tensorboard, max_consecutive_dropped
+
+    (the fields' meanings: `learner.run_settings`, `runs.checkpoint_policy`).
 
     Args:
       output_dir: where metrics, TensorBoard summaries, checkpoints, theta and reports go.
@@ -165,13 +183,13 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       estimators: classes or factories taking the truncated step, one gradient estimator each.
       estimator_weights: the estimators' weights in the averaged gradient (default: equal).
       outer_opt: the optax optimizer of theta.
+      meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
       num_steps: outer steps.
       seed: the run's PRNG seed (the comparison uses seed + 10000).
-      meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
       theta_ema: keep a moving average of theta with this decay (e.g. 0.99; `GradientLearner(theta_ema=...)`)
         and use it as the run's result: theta_final.msgpack (the last theta goes to theta_last.msgpack),
-        meta-evaluation and the comparison with Adam. None (default): no average, the last theta is the result.
-        Local runs only (refused with `num_workers` > 0).
+        meta-evaluation, validation and the comparison with Adam. None (default): no average, the last theta
+        is the result. Local runs only (refused with `num_workers` > 0).
       theta_init: start meta-training from a meta-trained theta instead of `learned_opt.init(key)`:
         "pretrained:NAME", a theta file or an outer_train checkpoint file, of the same architecture and
         config as `learned_opt` (`learner.meta_training_run.load_theta_init`). A resume continues from its
@@ -179,12 +197,10 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       theta_init_changes: config fields of `learned_opt` that may differ from `theta_init`'s, e.g.
         ["horizon_reference", "horizon_power"] to meta-train a shipped theta further under a new option
         (its theta must keep its shapes).
-      eval_num_tasks: held-out tasks of the final comparison with Adam (0: none).
-      eval_num_steps: inner steps of each comparison run.
-      eval_adam_lrs: Adam's learning-rate grid in the comparison.
-      progress: True or "bar" (tqdm), "log" (plain lines, for log files), False or "none".
-      log_every: outer steps between metrics lines.
-      tensorboard: also write TensorBoard summaries.
+      num_workers: Ray worker actors (0: train in this process); see `outer_trainers.ray_outer_train`.
+        With more workers than estimators the estimator list is repeated (`worker_copies`).
+      workers: with `num_workers` > 0, what runs the workers: an `outer_trainers.distributed.RayWorkers`
+        (asynchronous mode, cluster address, ...; `train.workers = @RayWorkers()` in gin); unused otherwise.
       resume: continue from the newest readable checkpoint in `output_dir`; False starts a new run (refused
         where `output_dir` holds results, unless `overwrite`).
       overwrite: start a new run, first deleting the results (SCRIPT_RESULTS) of any run in `output_dir`.
@@ -194,50 +210,17 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
         (A larger `num_steps` alone resumes a finished run further without it too: meta-training's length
         is resume-safe.) The state continues from the checkpoint (`outer_trainers.outer_train` says how
         each schedule continues) and the extension is recorded in the checkpoints' config history.
-      max_consecutive_dropped: stop with `outer_trainers.MetaTrainingDiverged` after this many outer steps in
-        a row that applied no estimate (every estimate non-finite or without a valid inner step); None: never.
-      checkpoint_every_steps: outer steps between checkpoints (None: not by steps).
-      checkpoint_every_seconds: seconds between checkpoints (None: not by time).
-      keep_checkpoints: how many recent checkpoints to keep.
-      checkpoints_at: outer steps that always get a kept checkpoint.
-      permanent_checkpoint_every: keep every checkpoint at a multiple of this step (None: none).
-      best_metric: the meta-evaluation metric that picks "best" checkpoints (used when meta-evaluation runs).
-      best_mode: "min" or "max": which `best_metric` value is best.
-      keep_best: how many best checkpoints to keep.
-      meta_eval_every: outer steps between meta-evaluations (0: none).
-      meta_eval_tasks: Tasks or TaskFamilies meta-evaluated (None: `task_family`).
-      meta_eval_num_tasks: tasks drawn per meta-evaluated family.
-      meta_eval_num_steps: inner steps of each meta-evaluation run.
-      meta_eval_seed: the seed of the meta-evaluation task draws.
-      validation_every: outer steps between validations of the run's result theta (0: none); each scores it
-        on the validation tasks against the tuned baseline (`outer_trainers.ValidationSelector`, its
-        baseline cached in `output_dir`/validation_baseline.json), logs the "valid/" metrics and writes
-        theta_best.msgpack and theta_best.json when the score improves. Local runs only (refused with
-        `num_workers` > 0). To keep "best" checkpoints by it too: `best_metric = "valid/score"`, `best_mode = "max"`.
-      validation_suite: the validation tasks as a `tasks.suites` name (e.g. "smoke", "validation-cpu").
-      validation_tasks: Tasks or TaskFamilies to validate on instead of a suite.
-      validation_num_steps: inner steps of each validation run (None: a suite task's own budget; 100 for
-        `validation_tasks`).
-      validation_num_seeds: seeds per validation task (None: a suite task's own seeds; 3 for `validation_tasks`).
-      validation_baseline: the tuned baseline ("adam", "adamw", "muon" or "sgdm").
-      validation_lrs: its starting learning-rate grid, >= 7 rates (None: the protocol's default grid).
-      validation_max_extensions: the most extensions of that grid past an edge holding the best rate.
-      num_workers: Ray worker actors (0: train in this process); see `outer_trainers.ray_outer_train`.
-        With more workers than estimators the estimator list is repeated (`worker_copies`).
-      max_staleness: with workers: the most updates an applied estimate's theta may lag behind (0 and
-        `num_estimates_per_step` None: synchronous mode, equal to the local run).
-      num_estimates_per_step: with workers: estimates per update in asynchronous mode (None: all estimators).
-      ray_address: with workers: the Ray cluster ("auto", "host:port"; None: a local Ray instance).
-      config: the run's config, stored with checkpoints; a resume refuses a different one.
-      config_text: written to `output_dir`/config.gin once the start or resume check passed (None: not
-        written); Ray workers rebuild the run from it (None: from `gin.config_str()`).
+      config_text: the run's gin config (None: `gin.config_str()`): written to `output_dir`/config.gin once
+        the start or resume check passed, its bindings (less `RESUME_SAFE`) stored with the checkpoints, which
+        a resume must match, and rebuilt by Ray workers.
 
     Returns:
       the final `OuterTrainState`.
     """
-    check_run_arguments(eval_num_tasks=eval_num_tasks, eval_num_steps=eval_num_steps, eval_adam_lrs=eval_adam_lrs,
-                        num_workers=num_workers, theta_ema=theta_ema, validation_every=validation_every,
-                        validation_suite=validation_suite, validation_tasks=validation_tasks)
+    meta_eval, comparison, validation = configured(MetaEval), configured(Comparison), configured(Validation)
+    reporting, policy = configured(Reporting), configured(CheckpointPolicy)
+    check_run_arguments(num_workers=num_workers, theta_ema=theta_ema, validation=validation, workers=workers)
+    config_text = gin.config_str() if config_text is None else config_text
     copies = worker_copies(num_workers, len(estimators))
     learner, ests = build_run(task_family=task_family, learned_opt=learned_opt, trunc_sched=trunc_sched,
                               estimators=estimators, outer_opt=outer_opt, meta_loss_split=meta_loss_split,
@@ -245,43 +228,51 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
                               theta_init_changes=theta_init_changes)
     on_ray = num_workers > 0
     evaluator = None
-    if meta_eval_every > 0 and not on_ray:  # on Ray an evaluation actor builds its own (GinEvaluator)
-        evaluator = make_meta_evaluator(learned_opt, task_family, meta_eval_tasks, num_tasks=meta_eval_num_tasks,
-                                        num_steps=meta_eval_num_steps, seed=meta_eval_seed)
+    if meta_eval.every > 0 and not on_ray:  # on Ray an evaluation actor builds its own (GinEvaluator)
+        evaluator = meta_evaluator(learned_opt, task_family, meta_eval)
     selector = None
-    if validation_every > 0:  # builds the tasks (loading their data) and checks the settings; trains nothing
-        selector = make_validation_selector(learned_opt, output_dir, suite=validation_suite, tasks=validation_tasks,
-                                            num_steps=validation_num_steps, num_seeds=validation_num_seeds,
-                                            baseline=validation_baseline, lrs=validation_lrs,
-                                            max_extensions=validation_max_extensions)
-    policy = ot.CheckpointPolicy(every_steps=checkpoint_every_steps, every_seconds=checkpoint_every_seconds,
-                                 keep=keep_checkpoints, checkpoints_at=tuple(checkpoints_at),
-                                 permanent_every=permanent_checkpoint_every,
-                                 best_metric=best_metric if meta_eval_every > 0 or validation_every > 0 else None,
-                                 best_mode=best_mode, keep_best=keep_best)
+    if validation.every > 0:  # builds the tasks (loading their data) and checks the settings; trains nothing
+        selector = make_validation_selector(learned_opt, output_dir, validation)
+    policy = checkpoint_policy(policy, meta_eval, validation)
+    config = {"gin_bindings": gin_bindings(config_text, ignore=RESUME_SAFE)}
     run, starts_new = check_output_dir(output_dir, policy, run_metadata(learner, ests, config), resume=resume,
                                        overwrite=overwrite, extend=extend, num_steps=num_steps)
     if selector is not None and not (starts_new and overwrite):  # a record of other validation settings is
         best_score_on_disk(output_dir, selector)                  # refused here, before config.gin is written
-    loop_options = dict(output_dir=output_dir, seed=seed, progress=progress, log_every=log_every,
-                        checkpoint_policy=policy, resume=resume, extend=extend, tensorboard=tensorboard,
-                        config=config, max_consecutive_dropped=max_consecutive_dropped)
+    loop_options = dict(output_dir=output_dir, seed=seed, checkpoint_policy=policy, resume=resume, extend=extend,
+                        config=config, **reporting.loop_options())
     # a bad Ray address fails here, before the first write
-    with ray_connection(ray_address) if on_ray else contextlib.nullcontext():
+    with workers.connection() if on_ray else contextlib.nullcontext():
         prepare_output_dir(run, starts_new=starts_new, overwrite=overwrite, config_text=config_text)
         if on_ray:
-            make_run = GinRun(config_text if config_text is not None else gin.config_str(), copies)
-            make_eval = GinEvaluator(make_run, meta_eval_num_tasks, meta_eval_num_steps, meta_eval_seed) \
-                if meta_eval_every > 0 else None
-            state = meta_train_on_ray(make_run, num_steps, num_workers=num_workers, copies=copies,
-                                      weights=estimator_weights, make_evaluator=make_eval, eval_every=meta_eval_every,
-                                      max_staleness=max_staleness, num_estimates_per_step=num_estimates_per_step,
-                                      ray_address=ray_address, **loop_options)
+            make_run = GinRun(config_text, copies)
+            make_eval = GinEvaluator(make_run) if meta_eval.every > 0 else None
+            state = workers.meta_train(make_run, num_steps, num_workers=num_workers, copies=copies,
+                                       weights=estimator_weights, make_evaluator=make_eval,
+                                       eval_every=meta_eval.every, **loop_options)
         else:
             state = meta_train_locally(learner, ests, num_steps, weights=estimator_weights, meta_evaluator=evaluator,
-                                       eval_every=meta_eval_every, validation=selector,
-                                       validation_every=validation_every, **loop_options)
-        if eval_num_tasks > 0:
-            compare_with_adam(task_family, learned_opt, state.final_theta, output_dir, num_tasks=eval_num_tasks,
-                              num_steps=eval_num_steps, adam_lrs=eval_adam_lrs, seed=seed)
+                                       eval_every=meta_eval.every, validation=selector,
+                                       validation_every=validation.every, **loop_options)
+        if comparison.num_tasks > 0:
+            compare_with_adam(task_family, learned_opt, state.final_theta, output_dir, comparison, seed=seed)
     return state
+
+
+def checkpoint_policy(policy: CheckpointPolicy, meta_eval: MetaEval, validation: Validation) -> CheckpointPolicy:
+    """The run's checkpoint policy: "best" checkpoints by `policy.best_metric` only while an evaluation logs it.
+
+    Args:
+      policy: the bound `CheckpointPolicy`.
+      meta_eval: the run's meta-evaluation settings.
+      validation: the run's validation settings.
+
+    Returns:
+      `policy` with `best_metric` "eval/final_loss" where it is unset and meta-evaluation runs, and None where
+      neither meta-evaluation nor validation runs.
+    """
+    if meta_eval.every == 0 and validation.every == 0:
+        return dataclasses.replace(policy, best_metric=None)
+    if policy.best_metric is None and meta_eval.every > 0:
+        return dataclasses.replace(policy, best_metric="eval/final_loss")
+    return policy

@@ -1,15 +1,16 @@
 """One meta-training run in an output directory, step by step (what scripts/outer_train.py runs).
 
-    check_run_arguments(eval_num_tasks=..., eval_num_steps=..., eval_adam_lrs=..., num_workers=...)
+    check_run_arguments(num_workers=..., theta_ema=..., validation=..., workers=...)
     learner, estimators = build_run(task_family=..., ..., copies=worker_copies(num_workers, n))
-    selector = make_validation_selector(learned_opt, output_dir, suite=..., tasks=..., ...)   # local runs only
+    selector = make_validation_selector(learned_opt, output_dir, Validation(every=..., suite=...))  # local only
     run, starts_new = check_output_dir(output_dir, policy, run_metadata(learner, estimators, config),
                                        resume=resume, overwrite=overwrite, extend=extend,
                                        num_steps=num_steps)                      # reads, writes nothing
-    with ray_connection(address):                       # only with Ray workers: fails fast, writes nothing
+    with workers.connection():                          # only with Ray workers: fails fast, writes nothing
         prepare_output_dir(run, starts_new=starts_new, overwrite=overwrite, config_text=text)
-        state = meta_train_locally(learner, estimators, num_steps, validation=selector, ...)   # or meta_train_on_ray
-        compare_with_adam(task_family, learned_opt, state.theta, output_dir, ...)
+        state = meta_train_locally(learner, estimators, num_steps, validation=selector, ...)
+        # or, on Ray: workers.meta_train(make_run, num_steps, ...)  (outer_trainers.distributed.RayWorkers)
+        compare_with_adam(task_family, learned_opt, state.final_theta, output_dir, Comparison(...), seed=seed)
 
 The output-directory policy: a directory holds one run. `check_output_dir` decides, without
 writing, whether the run resumes from the newest readable checkpoint or starts new, and refuses
@@ -22,8 +23,11 @@ write: it deletes the earlier results when overwriting and writes the run's conf
 So every refusal leaves the directory as it was.
 
 Each step is a plain function of objects (no gin); `learner.gin_run.train` composes them as the
-gin-configurable `train` of scripts/outer_train.py. This module uses the package's public API
-through `outer_trainers` (like a user's script) and is not re-exported by `outer_trainers`.
+gin-configurable `train` of scripts/outer_train.py. The settings groups are the dataclasses of
+`learner.run_settings`. Meta-training on Ray workers is not here: the run is handed what runs the
+workers (`distributed.RayWorkers`), so nothing in learner/ imports distributed/. This module uses
+the package's public API through `outer_trainers` (like a user's script) and is not re-exported by
+`outer_trainers`.
 """
 from __future__ import annotations
 
@@ -39,10 +43,10 @@ import outer_trainers as ot
 from lopt import pretrained
 from lopt.base import LearnedOptimizer
 from lopt.file_io import atomic_write_bytes
+from outer_trainers.learner.run_settings import Comparison, Validation
 from outer_trainers.learner.validation_selection import VALIDATION_CACHE
 from outer_trainers.runs.run_checkpoints import RUN_RESULTS, RunCheckpoints
 from outer_trainers.steps.truncation_schedule import TruncationSchedule
-from tasks import suites
 from tasks.base import TaskFamily
 
 CONFIG_FILE, COMPARISON_FILE = "config.gin", "comparison.md"
@@ -50,62 +54,36 @@ SCRIPT_RESULTS = RUN_RESULTS + (CONFIG_FILE, COMPARISON_FILE)  # what a run leav
 COMPARISON_SEED_OFFSET = 10_000  # the comparison's key is the run's seed + this
 
 
-def check_run_arguments(*, eval_num_tasks: int, eval_num_steps: int, eval_adam_lrs: Sequence[float],
-                        num_workers: int, theta_ema: Optional[float] = None, validation_every: int = 0,
-                        validation_suite: Optional[str] = None,
-                        validation_tasks: Optional[Sequence[Any]] = None) -> None:
+def check_run_arguments(*, num_workers: int, theta_ema: Optional[float] = None,
+                        validation: Optional[Validation] = None, workers: Any = None) -> None:
     """Refuses settings of a run that could only fail after meta-training, before anything is built.
 
+    (Each settings group checks its own fields when it is built; these are the checks across them.)
+
     Args:
-      eval_num_tasks: held-out tasks of the final comparison with Adam (0: none).
-      eval_num_steps: inner steps of each comparison run.
-      eval_adam_lrs: Adam's learning-rate grid in the comparison.
       num_workers: Ray worker actors (0: meta-train in this process).
       theta_ema: the decay of the moving average of theta (None: none); local runs only.
-      validation_every: outer steps between validations of theta (0: none); local runs only.
-      validation_suite: the suite of the validation tasks (a `tasks.suites` name), or None.
-      validation_tasks: Tasks or TaskFamilies to validate on instead of a suite, or None.
+      validation: the validation selection's settings (None: none); local runs only.
+      workers: what runs the workers (e.g. `outer_trainers.distributed.RayWorkers()`); needed with workers.
 
     Raises:
-      ValueError: a negative `eval_num_tasks` or `num_workers`, a comparison without inner steps
-        or learning rates, `theta_ema` or validation with Ray workers, validation without its tasks
-        (or with a suite and tasks, or an unknown suite) or validation tasks without `validation_every`;
-        the message names the `train.` binding to change.
+      ValueError: a negative `num_workers`, workers without `workers`, `theta_ema` or validation with Ray
+        workers; the message names the binding to change.
     """
-    if eval_num_tasks < 0:
-        raise ValueError(f"train.eval_num_tasks must be >= 0 (0: no comparison with Adam), got {eval_num_tasks}")
-    if eval_num_tasks > 0 and (eval_num_steps < 1 or not eval_adam_lrs):
-        raise ValueError(f"the comparison with Adam (train.eval_num_tasks = {eval_num_tasks}) needs "
-                         f"train.eval_num_steps >= 1 and at least one train.eval_adam_lrs, got eval_num_steps="
-                         f"{eval_num_steps}, eval_adam_lrs={tuple(eval_adam_lrs)}; set them, or eval_num_tasks = 0")
     if num_workers < 0:
         raise ValueError(f"train.num_workers must be >= 0 (0: no Ray workers), got {num_workers}")
+    if num_workers > 0 and workers is None:
+        raise ValueError(f"train.num_workers = {num_workers} meta-trains on Ray workers, but nothing runs them: pass "
+                         f"workers=outer_trainers.distributed.RayWorkers() (scripts/outer_train.py does), or bind "
+                         f"train.workers = @RayWorkers()")
     if theta_ema is not None and num_workers > 0:
         raise ValueError(f"train.theta_ema = {theta_ema} (averaging theta) is supported by local meta-training only, "
                          f"not with Ray workers (train.num_workers = {num_workers}); set train.num_workers = 0, or "
                          f"remove train.theta_ema")
-    _check_validation(validation_every, validation_suite, validation_tasks, num_workers)
-
-
-def _check_validation(every: int, suite: Optional[str], tasks: Optional[Sequence[Any]], num_workers: int) -> None:
-    """`check_run_arguments`' checks of the validation selection's bindings."""
-    given = "train.validation_suite" if suite is not None else "train.validation_tasks" if tasks else None
-    if every < 0:
-        raise ValueError(f"train.validation_every must be >= 0 (0: no validation selection), got {every}")
-    if every > 0 and given is None:
-        raise ValueError(f"train.validation_every = {every} needs validation tasks: set train.validation_suite (one "
-                         f"of {suites.names()}, e.g. 'smoke') or train.validation_tasks")
-    if given is not None and every == 0:
-        raise ValueError(f"{given} is set but train.validation_every = 0, so theta would never be validated; set "
-                         f"train.validation_every (outer steps between validations), or remove {given}")
-    if suite is not None and tasks:
-        raise ValueError("set train.validation_suite or train.validation_tasks, not both")
-    if suite is not None and suite not in suites.names():
-        raise ValueError(f"train.validation_suite = {suite!r} is not a suite; the suites are {suites.names()}")
-    if every > 0 and num_workers > 0:
-        raise ValueError(f"train.validation_every = {every} (selecting theta_best on validation tasks) is supported by "
-                         f"local meta-training only, not with Ray workers (train.num_workers = {num_workers}); set "
-                         f"train.num_workers = 0, or train.validation_every = 0")
+    if validation is not None and validation.every > 0 and num_workers > 0:
+        raise ValueError(f"Validation.every = {validation.every} (selecting theta_best on validation tasks) is "
+                         f"supported by local meta-training only, not with Ray workers (train.num_workers = "
+                         f"{num_workers}); set train.num_workers = 0, or Validation.every = 0")
 
 
 def worker_copies(num_workers: int, num_estimators: int) -> int:
@@ -229,28 +207,27 @@ def make_meta_evaluator(learned_opt: LearnedOptimizer, task_family: TaskFamily, 
                             seed=seed)
 
 
-def make_validation_selector(learned_opt: LearnedOptimizer, output_dir: str, *, suite: Optional[str],
-                             tasks: Optional[Sequence[Any]], **options: Any) -> ot.ValidationSelector:
+def make_validation_selector(learned_opt: LearnedOptimizer, output_dir: str,
+                             settings: Validation) -> ot.ValidationSelector:
     """The run's validation selection: `learned_opt` scored on a suite or on tasks, its baseline cached in `output_dir`.
 
     Args:
       learned_opt: the learned optimizer meta-trained.
       output_dir: the run's directory (the baseline's cache is `output_dir`/validation_baseline.json).
-      suite: a `tasks.suites` name, or None (then `tasks`).
-      tasks: Tasks or TaskFamilies (used without a suite).
-      **options: the other arguments of `ValidationSelector` (num_steps, num_seeds, baseline, lrs, max_extensions).
+      settings: the validation tasks (a suite or Tasks/TaskFamilies), steps, seeds, baseline and its grid.
 
     Returns:
       the ValidationSelector (nothing trained yet).
 
     Raises:
-      ValueError, TypeError: a bad setting, the message naming the `train.validation_` bindings.
+      ValueError, TypeError: a bad setting, the message naming the `Validation` bindings.
     """
     try:
-        return ot.ValidationSelector(learned_opt, suite if suite is not None else list(tasks),
-                                     cache_path=os.path.join(output_dir, VALIDATION_CACHE), **options)
+        return ot.ValidationSelector(learned_opt, settings.suite if settings.suite is not None else list(settings.tasks),
+                                     cache_path=os.path.join(output_dir, VALIDATION_CACHE),
+                                     **settings.selector_options())
     except (ValueError, TypeError) as e:
-        raise type(e)(f"{e} (set by the train.validation_* bindings)") from None
+        raise type(e)(f"{e} (set by the Validation.* bindings)") from None
 
 
 def check_output_dir(output_dir: str, policy: ot.CheckpointPolicy, metadata: dict, *, resume: bool,
@@ -316,7 +293,7 @@ def meta_train_locally(learner: ot.GradientLearner, estimators: Sequence[ot.Grad
       eval_every: outer steps between meta-evaluations (0: none).
       **loop_options: the other options of `outer_train` (output_dir, seed, progress, log_every,
         checkpoint_policy, resume, extend, tensorboard, config, max_consecutive_dropped, validation,
-        validation_every, ...).
+        validation_every, ...; `run_settings.Reporting.loop_options()` gives four of them).
 
     Returns:
       the final OuterTrainState.
@@ -325,38 +302,12 @@ def meta_train_locally(learner: ot.GradientLearner, estimators: Sequence[ot.Grad
                           eval_every=eval_every, **loop_options)
 
 
-def meta_train_on_ray(make_run: Callable[[], tuple], num_steps: int, *, num_workers: int, copies: int = 1,
-                      weights: Optional[Sequence[float]] = None, make_evaluator: Optional[Callable[[], Any]] = None,
-                      eval_every: int = 0, **loop_options: Any) -> ot.OuterTrainState:
-    """Meta-trains with `num_workers` Ray worker actors: `outer_trainers.ray_outer_train`.
-
-    Args:
-      make_run: a picklable factory of (GradientLearner, estimators) that workers call (e.g. a
-        `learner.gin_run.GinRun`); its estimators are the run's list repeated `copies` times.
-      num_steps: outer steps.
-      num_workers: Ray worker actors (>= 1).
-      copies: how many times `make_run` repeats the estimator list (`worker_copies`).
-      weights: the weights of one copy of the estimator list (None: equal); repeated `copies` times.
-      make_evaluator: a picklable factory of the meta-evaluation, run in an evaluation actor (None: none).
-      eval_every: outer steps between meta-evaluations (0: none).
-      **loop_options: the other options of `ray_outer_train` (output_dir, seed, progress, log_every,
-        checkpoint_policy, resume, extend, tensorboard, config, max_consecutive_dropped, max_staleness,
-        num_estimates_per_step, ray_address, ...).
-
-    Returns:
-      the learner's final OuterTrainState.
-    """
-    weights = list(weights) * copies if weights is not None else None
-    return ot.ray_outer_train(make_run, num_steps, num_workers=num_workers, weights=weights,
-                              make_evaluator=make_evaluator, eval_every_steps=eval_every, **loop_options)
-
-
-def compare_with_adam(task_family: TaskFamily, learned_opt: LearnedOptimizer, theta: Any, output_dir: str, *,
-                      num_tasks: int, num_steps: int, adam_lrs: Sequence[float], seed: int) -> str:
+def compare_with_adam(task_family: TaskFamily, learned_opt: LearnedOptimizer, theta: Any, output_dir: str,
+                      settings: Comparison, *, seed: int) -> str:
     """Compares the meta-trained optimizer with tuned Adam on held-out tasks; prints and saves the table.
 
-    `compare_optimizers` on `num_tasks` draws of `task_family` (key: `seed + COMPARISON_SEED_OFFSET`),
-    every optimizer running `num_steps` inner steps (the learned one with that horizon). The table
+    `compare_optimizers` on `settings.num_tasks` draws of `task_family` (key: `seed + COMPARISON_SEED_OFFSET`),
+    every optimizer running `settings.num_steps` inner steps (the learned one with that horizon). The table
     is printed under its title and written to `COMPARISON_FILE` in `output_dir`.
 
     Args:
@@ -364,17 +315,17 @@ def compare_with_adam(task_family: TaskFamily, learned_opt: LearnedOptimizer, th
       learned_opt: the learned optimizer meta-trained.
       theta: its meta-trained parameters (a run's `final_theta`).
       output_dir: where `COMPARISON_FILE` goes.
-      num_tasks: held-out tasks (the protocol's seeds).
-      num_steps: inner steps of each run.
-      adam_lrs: Adam's learning-rate grid (extended past an edge holding the best rate).
+      settings: the held-out tasks (the protocol's seeds), inner steps of each run and Adam's learning-rate
+        grid (extended past an edge holding the best rate).
       seed: the run's seed.
 
     Returns:
       the Markdown written to `COMPARISON_FILE`.
     """
+    num_tasks, num_steps = settings.num_tasks, settings.num_steps
     results = ot.compare_optimizers(
         task_family, lambda th: learned_opt.opt_fn(th, num_steps=num_steps), theta, num_tasks=num_tasks,
-        num_steps=num_steps, key=jax.random.key(seed + COMPARISON_SEED_OFFSET), adam_lrs=tuple(adam_lrs))
+        num_steps=num_steps, key=jax.random.key(seed + COMPARISON_SEED_OFFSET), adam_lrs=settings.adam_lrs)
     table = ot.format_comparison(results, num_steps)
     title = f"Held-out {task_family.name} tasks ({num_tasks} tasks, same inner steps)"
     print(f"\n{title}\n{table}")

@@ -212,7 +212,7 @@ def _restore_or_init(run: RunCheckpoints, learner: GradientLearner,
 def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEstimator], EstimatorSchedule],
                 num_steps: int, *,
                 output_dir: Optional[str] = None, seed: int = 0, weights: Optional[Sequence[float]] = None,
-                state: Optional[OuterTrainState] = None, progress: Union[bool, str] = True, log_every: int = 1,
+                state: Optional[OuterTrainState] = None, progress: Union[bool, str] = "auto", log_every: int = 1,
                 callback: Optional[Callable[[int, OuterTrainState, dict], None]] = None,
                 checkpoint_policy: Optional[CheckpointPolicy] = None, resume: bool = True, overwrite: bool = False,
                 meta_evaluator: Optional[Callable[[Any], dict]] = None, eval_every: int = 0,
@@ -232,7 +232,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         seed: the run's seed (for a new run).
         weights: one weight per estimator for the learner's average (default: equal).
         state: an OuterTrainState to continue instead of restoring or initialising.
-        progress: True or "bar" (tqdm), "log" (plain lines, for log files), False or "none".
+        progress: "auto" (a tqdm bar on a terminal, else a plain line every few seconds, as in a log file),
+            "bar", "log", "none"; True or False (see `runs.reporting.Reporter`).
         log_every: log metrics every this many steps (and at the last step).
         callback: `callback(step, state, metrics)` after each logged step, after that step's checkpoints
             are written (metrics as Python numbers).

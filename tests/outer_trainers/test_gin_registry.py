@@ -175,3 +175,21 @@ def test_gin_scoped_estimators_on_several_families():
         assert e.truncated_step.learned_opt is base.learned_opt and e.truncated_step.trunc_sched is base.trunc_sched
     with pytest.raises(TypeError, match="task_family must be a tasks.TaskFamily"):
         ot.estimator_on_family(base, task_family="digits", estimator=ot.TruncatedPES)
+
+
+def test_a_renamed_train_binding_is_refused_naming_its_new_name():
+    from outer_trainers.gin_registry import RENAMED_BINDINGS, check_renamed_bindings, renamed_bindings
+    text = ("train.num_steps = 5\ntrain.log_every = 10\n  train.eval_num_tasks = 2\n"
+            "# train.progress = 'log' (a comment)\nouter_trainers.learner.gin_run.train.keep_checkpoints = 4\n")
+    assert renamed_bindings(text) == ["train.log_every is now Reporting.log_every",
+                                      "train.eval_num_tasks is now Comparison.num_tasks",
+                                      "train.keep_checkpoints is now CheckpointPolicy.keep"]
+    with pytest.raises(ValueError, match=r"old.gin binds .*train.log_every is now Reporting.log_every"):
+        check_renamed_bindings(text, "old.gin")
+    check_renamed_bindings("train.num_steps = 5\nReporting.log_every = 10\n")  # the new names pass
+    # every new name is a field of its settings group
+    groups = dict(gin_registry.GROUP_CLASSES, CheckpointPolicy=ot.CheckpointPolicy)
+    for new in RENAMED_BINDINGS.values():
+        group, _, field = new.split(" ")[0].partition(".")
+        if group in groups:
+            assert field in {f.name for f in dataclasses.fields(groups[group])}, new

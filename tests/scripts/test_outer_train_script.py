@@ -28,8 +28,8 @@ def _run(*args, timeout=600):
 def test_quickstart_runs_with_overridden_steps(tmp_path):
     out = tmp_path / "run"
     r = _run("--gin_file", QUICKSTART, "--output_dir", str(out),
-             "--gin_param", "train.num_steps = 3", "--gin_param", "train.eval_num_steps = 20",
-             "--gin_param", "train.eval_num_tasks = 2", "--gin_param", "train.progress = False")
+             "--gin_param", "train.num_steps = 3", "--gin_param", "Comparison.num_steps = 20",
+             "--gin_param", "Comparison.num_tasks = 2")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = metrics_lines(out)
     assert [l["step"] for l in lines] == [1, 2, 3]
@@ -43,6 +43,8 @@ def test_quickstart_runs_with_overridden_steps(tmp_path):
     assert "| learned |" in table and "(best Adam)" in table
     assert "| learned |" in r.stdout
     assert "train.num_steps = 3" in (out / "config.gin").read_text()
+    # piped, not a terminal: plain progress lines (at least the last step's), no carriage-return bar redraws
+    assert "\r" not in r.stderr and "step 3/3 " in r.stderr
 
 
 def test_unknown_gin_binding_fails_before_compiling(tmp_path):
@@ -59,6 +61,19 @@ def test_unknown_configurable_name(tmp_path):
              "--gin_param", "train.learned_opt = @NoSuchLOpt()")
     assert r.returncode == 2
     assert "NoSuchLOpt" in r.stderr
+
+
+def test_a_renamed_binding_is_refused_naming_its_new_name(tmp_path):
+    """A gin file written before the settings groups (e.g. an old run's config.gin) fails at once, before
+    anything is built, naming each binding's new name."""
+    old = tmp_path / "config.gin"
+    old.write_text(open(QUICKSTART).read() + "\ntrain.checkpoint_every_steps = 10\ntrain.progress = 'log'\n")
+    r = _run("--gin_file", str(old), "--output_dir", str(tmp_path / "o"), "--gin_param", "train.meta_eval_every = 5")
+    assert r.returncode == 2
+    assert "train.checkpoint_every_steps is now CheckpointPolicy.every_steps" in r.stderr
+    assert "train.progress is now Reporting.progress" in r.stderr
+    assert "train.meta_eval_every is now MetaEval.every" in r.stderr and "--gin_param" in r.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_missing_gin_file(tmp_path):
@@ -91,8 +106,8 @@ def test_config_parses_and_binds(name):
 
 
 TINY = TINY_RUN_GIN + """TruncatedPES.std = 0.05
-train.progress = False
-train.checkpoint_every_steps = 1
+Reporting.progress = False
+CheckpointPolicy.every_steps = 1
 """
 
 
@@ -174,9 +189,9 @@ def test_a_comparison_needs_inner_steps(tmp_path):
     out = tmp_path / "run"
     try:
         gin.clear_config()
-        with pytest.raises(ValueError, match=r"train.eval_num_steps >= 1.*got eval_num_steps=0"):
+        with pytest.raises(ValueError, match=r"Comparison.num_steps >= 1.*got num_steps=0"):
             outer_train.main(["--gin_file", str(cfg), "--output_dir", str(out), "--gin_param", "train.num_steps = 1",
-                              "--gin_param", "train.eval_num_tasks = 2", "--gin_param", "train.eval_num_steps = 0"])
+                              "--gin_param", "Comparison.num_tasks = 2", "--gin_param", "Comparison.num_steps = 0"])
         assert not out.exists()  # refused before anything was trained or written
     finally:
         gin.clear_config()

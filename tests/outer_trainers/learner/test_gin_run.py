@@ -2,6 +2,7 @@
 has nothing from scripts/ (as a Ray worker is), or from the parsed config in the driver."""
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -9,10 +10,16 @@ import gin
 import pytest
 
 import outer_trainers as ot
+from outer_trainers import gin_registry
+from outer_trainers.distributed import RayWorkers
+from outer_trainers.gin_registry import RENAMED_BINDINGS
 from outer_trainers.learner import gin_run
 from tests.fixtures import TINY_RUN_GIN
 
-TINY = TINY_RUN_GIN + "train.meta_eval_tasks = [@QuadraticFamily()]\n"
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+                       "scripts", "configs")
+
+TINY = TINY_RUN_GIN + "MetaEval.tasks = [@QuadraticFamily()]\n"
 
 
 @pytest.fixture
@@ -37,8 +44,9 @@ def test_the_driver_builds_from_its_parsed_config(parsed):
 
 
 def test_the_evaluator_factory_reads_the_run_config(parsed):
-    evaluator = gin_run.GinEvaluator(gin_run.GinRun(TINY), num_tasks=2, num_steps=5, seed=3)()
-    assert isinstance(evaluator, ot.MetaEvaluator)
+    gin.parse_config("MetaEval.num_tasks = 2\nMetaEval.num_steps = 5\nMetaEval.seed = 3")
+    evaluator = gin_run.GinEvaluator(gin_run.GinRun(TINY))()
+    assert isinstance(evaluator, ot.learner.MetaEvaluator)
     assert evaluator.num_tasks == 2 and evaluator.num_steps == 5 and len(evaluator.families) == 1
 
 
@@ -54,3 +62,39 @@ def test_a_fresh_process_without_scripts_rebuilds_the_run_from_its_text(tmp_path
                        env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split("\n")[0] == f"GradientLearner {['TruncatedPES(n=2,K=4)'] * 3} False False"
+
+
+# what runs started before the settings groups left out of their recorded config (their RESUME_SAFE)
+OLD_RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.progress", "train.log_every",
+                   "train.tensorboard", "train.resume", "train.overwrite", "train.extend", "train.eval_",
+                   "train.meta_eval_", "train.checkpoint", "train.keep_", "train.permanent_", "train.best_",
+                   "train.num_workers", "train.max_staleness", "train.num_estimates_per_step", "train.validation_")
+
+
+@pytest.mark.parametrize("name", sorted(n[:-4] for n in os.listdir(CONFIGS) if n.endswith(".gin")))
+def test_a_run_started_with_the_old_binding_names_resumes(name):
+    """The bindings a checkpoint records (and a resume compares) are the same for a config written with the
+    old `train.*` names as for the same config with the settings groups: every renamed binding is resume-safe."""
+    new = open(os.path.join(CONFIGS, name + ".gin"), encoding="utf-8").read()
+    old = new
+    for before, after in RENAMED_BINDINGS.items():
+        old = re.sub(r"^" + re.escape(after.split(" ")[0]) + r"(?=\s*=)", before, old, flags=re.MULTILINE)
+    assert old != new or not gin_registry.renamed_bindings(new)
+    assert gin_registry.renamed_bindings(old) or old == new
+    assert gin_registry.gin_bindings(old, ignore=OLD_RESUME_SAFE) == gin_registry.gin_bindings(
+        new, ignore=gin_run.RESUME_SAFE)
+
+
+def test_every_settings_group_is_bound_by_its_name_and_left_out_of_resume_checks():
+    gin.clear_config()
+    try:
+        gin.parse_config("MetaEval.every = 3\nComparison.num_tasks = 2\nReporting.progress = 'log'\n"
+                         "CheckpointPolicy.keep = 5\nRayWorkers.max_staleness = 1\nValidation.every = 4\n"
+                         "Validation.suite = 'smoke'")
+        assert gin_run.configured(ot.learner.MetaEval) == ot.learner.MetaEval(every=3)
+        assert gin_run.configured(ot.CheckpointPolicy).keep == 5
+        assert gin_run.configured(ot.learner.Reporting).progress == "log"
+        assert gin_run.configured(RayWorkers) == RayWorkers(max_staleness=1)
+        assert gin_registry.gin_bindings(gin.config_str(), ignore=gin_run.RESUME_SAFE) == []
+    finally:
+        gin.clear_config()

@@ -1,10 +1,14 @@
 """learner.meta_training_run: the steps of one run, each on its own (the whole run: tests/scripts/test_outer_train_script.py)."""
+import ast
+import os
+
 import optax
 import pytest
 
 import lopt
 import outer_trainers as ot
 from outer_trainers.learner import meta_training_run as M
+from outer_trainers.learner.run_settings import Validation
 from outer_trainers.learner.run_records import run_metadata
 from tests.fixtures import lopt_step
 
@@ -16,14 +20,27 @@ def test_worker_copies_give_every_worker_an_estimator(workers, estimators, copie
 
 
 def test_run_arguments_are_checked_naming_the_binding():
-    ok = dict(eval_num_tasks=0, eval_num_steps=0, eval_adam_lrs=(), num_workers=0)
-    M.check_run_arguments(**ok)  # no comparison: its steps and rates do not matter
-    with pytest.raises(ValueError, match=r"train.eval_num_tasks must be >= 0"):
-        M.check_run_arguments(**dict(ok, eval_num_tasks=-1))
-    with pytest.raises(ValueError, match=r"train.eval_num_steps >= 1.*eval_adam_lrs=\(\)"):
-        M.check_run_arguments(**dict(ok, eval_num_tasks=2, eval_num_steps=5))
+    M.check_run_arguments(num_workers=0)
     with pytest.raises(ValueError, match=r"train.num_workers must be >= 0"):
-        M.check_run_arguments(**dict(ok, num_workers=-2))
+        M.check_run_arguments(num_workers=-2)
+    with pytest.raises(ValueError, match=r"train.num_workers = 2 meta-trains on Ray workers.*RayWorkers"):
+        M.check_run_arguments(num_workers=2)  # nothing to run the workers with
+    with pytest.raises(ValueError, match=r"Validation.every = 3 .*local meta-training only"):
+        M.check_run_arguments(num_workers=1, workers=object(), validation=Validation(every=3, suite="smoke"))
+
+
+def test_the_learner_package_imports_nothing_of_distributed():
+    """distributed/ builds on learner/ (RayWorkers is handed to `gin_run.train`), never the other way round."""
+    root = os.path.join(os.path.dirname(ot.__file__), "learner")
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".py"):
+            with open(os.path.join(root, name), encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+            imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+            imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+            assert not [m for m in imported if m.startswith("outer_trainers.distributed")], name
+            with open(os.path.join(root, name), encoding="utf-8") as f:
+                assert "ot.ray_outer_train" not in f.read(), name
 
 
 def test_build_run_repeats_the_estimator_list_on_one_step():
@@ -66,12 +83,3 @@ def test_local_meta_training_calls_the_packages_outer_train(monkeypatch):
     assert M.meta_train_locally("learner", ["est"], 3, eval_every=2, seed=5) == "state"
     assert seen["args"] == ("learner", ["est"], 3)
     assert seen["kwargs"] == dict(weights=None, meta_evaluator=None, eval_every=2, seed=5)
-
-
-def test_ray_meta_training_repeats_the_weights_per_copy(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(ot, "ray_outer_train", lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs))
-    M.meta_train_on_ray("make_run", 4, num_workers=3, copies=2, weights=[1.0, 3.0], eval_every=5, max_staleness=1)
-    assert seen["args"] == ("make_run", 4)
-    assert seen["kwargs"] == dict(num_workers=3, weights=[1.0, 3.0, 1.0, 3.0], make_evaluator=None,
-                                  eval_every_steps=5, max_staleness=1)

@@ -111,7 +111,7 @@ def test_without_averaging_theta_final_is_the_last_theta_and_no_theta_last(tiny,
 def test_gin_train_uses_the_average(tmp_path):
     gin.clear_config()
     try:
-        gin.parse_config(TINY + "\ntrain.num_steps = 4\ntrain.theta_ema = 0.5\ntrain.progress = False\n")
+        gin.parse_config(TINY + "\ntrain.num_steps = 4\ntrain.theta_ema = 0.5\nReporting.progress = False\n")
         state = gin_run.train(str(tmp_path))
     finally:
         gin.clear_config()
@@ -122,7 +122,7 @@ def test_gin_train_uses_the_average(tmp_path):
 
 def test_averaging_is_refused_on_ray():
     with pytest.raises(ValueError, match="train.theta_ema.*Ray workers"):
-        check_run_arguments(eval_num_tasks=0, eval_num_steps=1, eval_adam_lrs=(1e-3,), num_workers=2, theta_ema=0.9)
+        check_run_arguments(num_workers=2, theta_ema=0.9, workers=object())
     make_run = lambda: (ot.GradientLearner(lopt.LearnableSGD(1e-2), optax.sgd(1.0), theta_ema=0.9), [object()])
     with pytest.raises(ValueError, match="cannot average theta"):
         ot.ray_outer_train(make_run, 2, num_workers=1)

@@ -11,7 +11,6 @@ import lopt
 import lopt.pretrained
 import outer_trainers as ot
 import tasks
-from outer_trainers.gin_registry import gin_bindings
 from outer_trainers.learner import gin_run
 from outer_trainers.learner.meta_training_run import build_run, load_theta_init
 from outer_trainers.runs.checkpoint_manager import CheckpointManager
@@ -21,10 +20,8 @@ from tests.fixtures import TINY_RUN_GIN
 def _train(output_dir, extra=""):
     gin.clear_config()
     try:
-        gin.parse_config(TINY_RUN_GIN + "train.progress = False\ntrain.tensorboard = False\n" + extra)
-        text = gin.config_str()  # as scripts/outer_train.py passes them: the run's config, compared on resume
-        return gin_run.train(output_dir, config={"gin_bindings": gin_bindings(text, ignore=gin_run.RESUME_SAFE)},
-                             config_text=text)
+        gin.parse_config(TINY_RUN_GIN + "Reporting.progress = False\nReporting.tensorboard = False\n" + extra)
+        return gin_run.train(output_dir)  # the run's config is gin's: compared on resume, as from the script
     finally:
         gin.clear_config()
 
@@ -46,7 +43,7 @@ def test_a_theta_file_is_where_the_run_starts(tmp_path):
 
 
 def test_a_checkpoint_of_another_run_and_a_shipped_optimizer(tmp_path):
-    first = _train(str(tmp_path / "first"), "train.num_steps = 3\ntrain.checkpoint_every_steps = 1\n")
+    first = _train(str(tmp_path / "first"), "train.num_steps = 3\nCheckpointPolicy.every_steps = 1\n")
     ckpt = CheckpointManager(str(tmp_path / "first" / "checkpoints")).newest_readable()[0]
     theta = load_theta_init(ckpt, lopt.LearnableSGD(0.01))
     np.testing.assert_array_equal(theta["log_lr"], first.final_theta["log_lr"])
@@ -100,6 +97,6 @@ def test_a_resume_with_another_start_is_refused(tmp_path):
     lopt.save_theta(one, lopt.LearnableSGD(0.01), {"log_lr": np.asarray(-1.5, np.float32)})
     lopt.save_theta(two, lopt.LearnableSGD(0.01), {"log_lr": np.asarray(-2.5, np.float32)})
     run_dir = str(tmp_path / "run")
-    _train(run_dir, f"train.num_steps = 2\ntrain.checkpoint_every_steps = 1\ntrain.theta_init = '{one}'\n")
+    _train(run_dir, f"train.num_steps = 2\nCheckpointPolicy.every_steps = 1\ntrain.theta_init = '{one}'\n")
     with pytest.raises(ValueError, match="theta_init"):
         _train(run_dir, f"train.num_steps = 4\ntrain.theta_init = '{two}'\n")

@@ -1,4 +1,4 @@
-"""Validation selection (`ValidationSelector`, `outer_train(validation=...)`, `train.validation_*`): the scores
+"""Validation selection (`ValidationSelector`, `outer_train(validation=...)`, `Validation.*`): the scores
 against hand-computed values from the cached baseline; the cache reused, and recomputed when its key changes;
 no recompilation; theta_best written only on improvement, the theta of the best-scoring step; a diverging theta
 never best; an interrupted run resumed keeps its best; bad input refused, naming the cause."""
@@ -21,6 +21,7 @@ import tasks
 from outer_trainers.evaluation import final_loss, lr_grid, run_fixed, run_settings, task_draws
 from outer_trainers.learner import gin_run, validation_selection as vs
 from outer_trainers.learner.meta_training_run import check_run_arguments
+from outer_trainers.learner.run_settings import Validation
 from tests.fixtures import TINY_RUN_GIN, lopt_step, metrics_lines
 
 outer_train_module = importlib.import_module("outer_trainers.learner.outer_train")  # the package's name is the function
@@ -280,16 +281,15 @@ def test_a_run_validates_its_averaged_theta_and_saves_the_best_scoring_one(tiny,
 def _gin_train(output_dir, *bindings):
     gin.clear_config()
     try:
-        gin.parse_config(TINY_RUN_GIN + "\n".join(("train.progress = False", "train.tensorboard = False") + bindings))
+        gin.parse_config(TINY_RUN_GIN + "\n".join(("Reporting.progress = False", "Reporting.tensorboard = False") + bindings))
         return gin_run.train(output_dir, config_text="\n".join(bindings))
     finally:
         gin.clear_config()
 
 
 def test_gin_train_validates_on_tasks_and_caches_the_baseline_in_the_run(tmp_path):
-    validation = ("train.validation_every = 2", "train.validation_tasks = [@QuadraticFamily()]",
-                  "train.validation_num_seeds = 2")
-    _gin_train(str(tmp_path), "train.num_steps = 2", "train.validation_num_steps = 10", *validation)
+    validation = ("Validation.every = 2", "Validation.tasks = [@QuadraticFamily()]", "Validation.num_seeds = 2")
+    _gin_train(str(tmp_path), "train.num_steps = 2", "Validation.num_steps = 10", *validation)
     record = json.load(open(tmp_path / "theta_best.json"))
     assert record["step"] == 2 and record["validation"]["tasks"] == [
         {"name": "quadratic_dim4", "num_steps": 10, "seeds": [0, 1], "eval_split": "test"}]
@@ -300,20 +300,24 @@ def test_gin_train_validates_on_tasks_and_caches_the_baseline_in_the_run(tmp_pat
     # validation settings may change on resume, but not under a record selected with others: refused, nothing written
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     with pytest.raises(ValueError, match=r"differs from this run's in tasks\[0\]\.num_steps"):
-        _gin_train(str(tmp_path), "train.num_steps = 4", "train.validation_num_steps = 12", *validation)
+        _gin_train(str(tmp_path), "train.num_steps = 4", "Validation.num_steps = 12", *validation)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(validation_every=2, validation_suite="smoke", num_workers=2), "local meta-training only.*Ray workers"),
-    (dict(validation_every=2), "needs validation tasks: set train.validation_suite"),
-    (dict(validation_suite="smoke"), "train.validation_suite is set but train.validation_every = 0"),
-    (dict(validation_every=1, validation_suite="nope"), "train.validation_suite = 'nope' is not a suite"),
-    (dict(validation_every=1, validation_suite="smoke", validation_tasks=[FAMILIES[0]]), "not both"),
+    (dict(every=2), "needs validation tasks: set Validation.suite"),
+    (dict(suite="smoke"), "Validation.suite is set but Validation.every = 0"),
+    (dict(every=1, suite="nope"), "Validation.suite = 'nope' is not a suite"),
+    (dict(every=1, suite="smoke", tasks=[FAMILIES[0]]), "not both"),
 ])
 def test_gin_validation_bindings_are_checked(kw, match):
     with pytest.raises(ValueError, match=match):
-        check_run_arguments(eval_num_tasks=0, eval_num_steps=1, eval_adam_lrs=(1e-3,), **{"num_workers": 0, **kw})
+        Validation(**kw)
+
+
+def test_validation_is_refused_with_ray_workers():
+    with pytest.raises(ValueError, match="local meta-training only.*Ray workers"):
+        check_run_arguments(num_workers=2, workers=object(), validation=Validation(every=2, suite="smoke"))
 
 
 def test_a_suite_brings_its_budgets_and_seeds_and_keys_its_static_configs():
