@@ -26,6 +26,7 @@ import torch
 
 from lopt.torch.parts.features import loss_features, progress_features, step_embedding
 from lopt.torch.parts.layout import Workspace
+from lopt.torch.rules.overshoot_brake import OvershootBrake
 
 __all__ = ["Item", "Context", "Rule", "RULES", "register", "rule_for", "supported_architectures"]
 
@@ -96,7 +97,8 @@ class Rule:
     #: whether the architecture reads the loss (`tx.update(..., loss=loss)`)
     reads_loss: bool = False
     #: a `lopt.torch.rules.overshoot_brake.OvershootBrake` that `TorchLearnedOptimizer.step` applies to
-    #: every update, over all parameters (None: no brake)
+    #: every update, over all parameters (None: no brake); set from the architecture's
+    #: `overshoot_gain` (> 0) and `overshoot_threshold`, where it has them
     brake: Any = None
     #: whether `init_state` takes a parameter group's `role` (`lopt.param_roles` kinds) as role=
     reads_roles: bool = False
@@ -106,6 +108,8 @@ class Rule:
         self.theta = theta
         self.ws = Workspace()
         self._tensors: dict = {}
+        if getattr(learned_opt, "overshoot_gain", 0.0) > 0:
+            self.brake = OvershootBrake(learned_opt.overshoot_gain, learned_opt.overshoot_threshold)
 
     def theta_on(self, device: torch.device, dtype: torch.dtype) -> dict:
         """theta as tensors of `dtype` on `device` (converted once per device and dtype).

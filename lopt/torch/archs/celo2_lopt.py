@@ -42,7 +42,6 @@ from lopt.torch.parts.newton_schulz import orthogonalized_step
 from lopt.torch.parts.nn import as_columns
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.horizon import horizon_scale
-from lopt.torch.rules.overshoot_brake import OvershootBrake
 from lopt.torch.rules.schedule import prior_schedule
 
 __all__ = ["Celo2LOptRule"]
@@ -59,11 +58,6 @@ class Celo2LOptRule(Rule):
 
     reads_loss = True
     reads_roles = True
-
-    def __init__(self, learned_opt, theta):
-        super().__init__(learned_opt, theta)
-        if learned_opt.overshoot_gain > 0:
-            self.brake = OvershootBrake(learned_opt.overshoot_gain, learned_opt.overshoot_threshold)
 
     def init_state(self, param, axes, dtype, role=None):
         state = mlp_state(param, len(self.learned_opt.decays), dtype)

@@ -33,7 +33,6 @@ from lopt.torch.parts.moment_features import FlatLeaf, mlp_state, pow_f32
 from lopt.torch.parts.newton_schulz import newton_schulz
 from lopt.torch.parts.nn import as_columns
 from lopt.torch.rule import Context, Rule, register
-from lopt.torch.rules.overshoot_brake import OvershootBrake
 from lopt.torch.rules.schedule import prior_schedule
 
 __all__ = ["NormMLPLOptRule"]
@@ -49,11 +48,6 @@ class NormMLPLOptRule(Rule):
 
     reads_loss = True
     reads_roles = True
-
-    def __init__(self, learned_opt, theta):
-        super().__init__(learned_opt, theta)
-        if learned_opt.overshoot_gain > 0:
-            self.brake = OvershootBrake(learned_opt.overshoot_gain, learned_opt.overshoot_threshold)
 
     def init_state(self, param, axes, dtype, role=None):
         lo = self.learned_opt
