@@ -35,6 +35,7 @@ import optax
 
 import lopt
 import outer_trainers as ot
+from outer_trainers.distributed import RayWorkers
 import tasks
 
 NUM_TASKS, TRUNC = 8, 50
@@ -83,7 +84,7 @@ def bench_local(problem: str, steps: int, warmup: int) -> dict:
 def bench_ray(problem: str, workers: int, steps: int, warmup: int) -> dict:
     rows = []
     ot.ray_outer_train(functools.partial(make_run, problem, workers), warmup + steps, num_workers=workers,
-                       progress=False, stall_timeout_s=1800,
+                       progress=False, workers=RayWorkers(stall_timeout_s=1800),
                        callback=lambda step, st, m: rows.append((step, time.perf_counter(), m)))
     timed = [(t, m) for step, t, m in rows if step > warmup]
     pairs = list(zip(timed, timed[1:]))

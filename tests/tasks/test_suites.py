@@ -115,13 +115,13 @@ def _meta_training_families(path, tmp_path, monkeypatch):
     monkeypatch.setattr(outer_train.ot, "outer_train", capture)
     gin.clear_config()
     try:
-        # validation during the run (train.validation_*) trains suite tasks on purpose: not a
+        # validation during the run (Validation.*) trains suite tasks on purpose: not a
         # meta-training family, and it loads their data, so it is switched off here; a recipe that
         # starts from an earlier stage's run (train.theta_init = a file) is checked without that file
-        load_config([path], ["train.validation_every = 0", "train.validation_suite = None",
-                             "train.theta_init = None"])
+        load_config([path], ["Validation.every = 0", "Validation.suite = None", "train.theta_init = None",
+                             "Reporting.tensorboard = False", "Reporting.progress = False"])
         with pytest.raises(_Built):
-            outer_train.train(str(tmp_path / os.path.basename(path)), tensorboard=False, progress=False)
+            outer_train.train(str(tmp_path / os.path.basename(path)))
     finally:
         gin.clear_config()
     return [est.truncated_step.task_family for est in captured]
@@ -311,7 +311,7 @@ ByteLMFamily.model = "lstm"
 ByteLMFamily.batch_size = 8
 ByteLMFamily.embed_dim = 16
 ByteLMFamily.hidden_size = 24
-train.eval_num_tasks = 0
+Comparison.num_tasks = 0
 """)
     (family,) = _meta_training_families(str(recipe), tmp_path, monkeypatch)
     assert isinstance(family, tasks.ByteLMFamily) and family.model_kwargs == {"embed_dim": 16, "hidden_size": 24}
