@@ -291,7 +291,7 @@ class LearnedOptimizer:
         return hash((type(self).__qualname__, self._values()))
 
     @property
-    def update_layout(self) -> layout_lib.UpdateLayout:
+    def update_layout(self) -> Any:
         """The `UpdateLayout` of this optimizer's `layout` option (`lopt.parts.layout.CPU` without one)."""
         return layout_lib.resolve(getattr(self, "layout", "cpu"))
 

@@ -137,7 +137,7 @@ class RayWorkers:
 
 
 def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_workers: int = 2,
-                    workers: Optional[RayWorkers] = None, output_dir: Optional[str] = None, seed: int = 0,
+                    workers: Any = None, output_dir: Optional[str] = None, seed: int = 0,
                     weights: Optional[Sequence[float]] = None, progress: Union[bool, str] = "auto", log_every: int = 1,
                     callback: Optional[Callable[[int, OuterTrainState, dict], None]] = None,
                     checkpoint_policy: Optional[CheckpointPolicy] = None, resume: bool = True,
