@@ -141,7 +141,8 @@ class Reporter:
         start: outer steps the run had taken when this session started (metrics.jsonl lines past it,
             left by a killed session, are dropped).
         target: the step this session trains to.
-        progress: True or "bar" (tqdm), "log" (plain lines on stderr, for log files), False or "none".
+        progress: True or "auto" (a tqdm bar on a terminal, else plain lines every few seconds), "bar", "log"
+            (plain lines on stderr, for log files), False or "none".
         log_every: log every this many steps (>= 1).
         tensorboard: also write TensorBoard event files.
         meta_evaluator: `meta_evaluator(theta) -> {name: float}` (e.g. a MetaEvaluator), or None.
@@ -166,7 +167,7 @@ class Reporter:
         self._consecutive = totals.consecutive_dropped
         self._streak: dict[str, _Fractions] = {}  # label -> non-finite fractions of its dropped estimates in a row
         self._log = MetricsLog(output_dir, resume_step=start, tensorboard=tensorboard)
-        self._bar = Progress({True: "bar", False: "none"}.get(progress, progress), total=max(target, start),
+        self._bar = Progress({True: "auto", False: "none"}.get(progress, progress), total=max(target, start),
                              initial=start)
         self._t_start = self._t_logged = time.perf_counter()
         self._inner_steps = 0  # since the last logged step

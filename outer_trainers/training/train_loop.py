@@ -160,7 +160,8 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
             resume=False) refuses to start over another run's metrics.jsonl, tb/ or checkpoints/ in `output_dir`.
         overwrite: start a new run, deleting those results of a previous run first.
         log_every: log train metrics every this many steps (and at evaluation steps and the last step).
-        progress: True or "bar" (tqdm), "log" (plain lines on stderr), False or "none".
+        progress: True or "bar" (tqdm), "log" (plain lines on stderr), "auto" (a bar on a terminal, else
+            plain lines every few seconds), False or "none".
         tensorboard: also write TensorBoard event files under `output_dir`/tb.
         callbacks: `callback(step, state, metrics)` after each step that evaluated or checkpointed (metrics:
             that step's logged metrics, evaluation results included; {} when the step was not logged).

@@ -20,12 +20,12 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
+from outer_trainers.runs.summaries import PROGRESS_MODES
 from outer_trainers.training.train_eval import Evaluation, Evaluator, evaluation_steps, model_metrics
 from outer_trainers.training.train_state import TrainState, as_task, data_parallel_sharding
 from tasks.base import Task
 
 TRAIN_KEYS = ("loss", "grad_norm")  # per-step histories kept in checkpoints and the result
-PROGRESS_MODES = ("bar", "log", "none")
 Callback = Callable[[int, TrainState, dict], None]
 
 
@@ -37,7 +37,8 @@ class LoopOptions:
         log_every: log train metrics every this many steps (>= 1; also at evaluation steps and the last step).
         chunk_size: the most steps per jitted chunk (>= 1).
         yield_every: yield the TrainState every this many steps and at the last one (>= 1; None: only return).
-        progress: True or "bar" (tqdm), "log" (plain lines on stderr), False or "none"; stored as the mode name.
+        progress: True or "bar" (tqdm), "log" (plain lines on stderr), "auto" (a bar on a terminal, else lines
+            every few seconds), False or "none"; stored as the mode name.
         tensorboard: also write TensorBoard event files under the output directory.
         callbacks: `callback(step, state, metrics)` after each step that evaluated or checkpointed.
     """

@@ -121,7 +121,7 @@ def _meta_training_families(path, tmp_path, monkeypatch):
         load_config([path], ["Validation.every = 0", "Validation.suite = None", "train.theta_init = None",
                              "Reporting.tensorboard = False", "Reporting.progress = False"])
         with pytest.raises(_Built):
-            outer_train.train(str(tmp_path / os.path.basename(path)))
+            outer_train.train(str(tmp_path / ("run_" + os.path.basename(path))))  # a new directory
     finally:
         gin.clear_config()
     return [est.truncated_step.task_family for est in captured]
