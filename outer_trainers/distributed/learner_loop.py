@@ -65,7 +65,26 @@ class _Stats:
 
 
 class LearnerLoop:
-    """The learner's loop over outer steps (synchronous or asynchronous), over a WorkerPool; `run(target, ...)`."""
+    """The learner's loop over outer steps (synchronous or asynchronous), over a WorkerPool; `run(target, ...)`.
+
+    Built by `ray_outer_train` once the run's state is restored; it resets every worker at the
+    current theta when built.
+
+    Args:
+      learner: the `GradientLearner` that applies the averaged estimates to theta.
+      estimators: the run's `GradientEstimator`s (one label each in the metrics).
+      weights: each estimator's weight in the average (`check_weights`).
+      state: the restored (or initial) learner state; its step is theta's version.
+      seed: the run's seed, from which the particles' keys are drawn.
+      pool: the `WorkerPool` of estimator actors.
+      evals: the evaluation actor's client (`EvalClient`), or None.
+      run: the run's `RunCheckpoints` (checkpoints and their policy).
+      max_staleness: the most versions an applied estimate may lag theta.
+      per_step: estimates applied per outer step.
+      synchronous: one estimate of every estimator per step, each computed at the current theta.
+      stall_timeout_s: seconds without any worker answering before the run stops with an error.
+      ray: the imported `ray` module.
+    """
 
     def __init__(self, learner, estimators, weights, state, seed, pool, evals, run, max_staleness, per_step,
                  synchronous, stall_timeout_s, ray):
@@ -172,6 +191,16 @@ class LearnerLoop:
             callback(step, self.state, logged)
 
     def run(self, target: int, reporter, callback) -> OuterTrainState:
+        """Runs outer steps until step `target`, reporting each and calling `callback(step, state, metrics)`.
+
+        Args:
+          target: the step to train to.
+          reporter: the run's `runs.reporting.Reporter`.
+          callback: called after every outer step, or None.
+
+        Returns:
+          the learner state at `target`.
+        """
         self.reporter = reporter
         if self.evals is not None:
             self.evals.maybe_submit(self.version, self.theta_ref, self.state)
