@@ -67,7 +67,7 @@ from lopt import param_roles
 from lopt.base import LearnedOptimizer, added_option, layout_option
 from lopt.parts import features as ft
 from lopt.parts import tree_checks
-from lopt.parts.moment_features import MomentFeatures, accumulate, normalized_feature_mlp
+from lopt.parts.moment_features import MomentFeatures, accumulate, init_accumulators, normalized_feature_mlp
 from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_scale
 from lopt.parts.nn import later_layers, residual_mlp_init
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
@@ -225,10 +225,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         layout = self.update_layout
 
         def init_fn(params):
-            k = len(self.decays)
-            momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((k,) + jnp.shape(p), jnp.float32), params)
-            return Celo2LOptState(momenta, jax.tree_util.tree_map(ft.zeros_like_f32, params),
-                                  jnp.zeros((), jnp.int32), ft.init_loss_state())
+            momenta, second = init_accumulators(params, len(self.decays))
+            return Celo2LOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state())
 
         def update_leaf(g, p, m, v, role, t, lrs, fade):
             shape, k = jnp.shape(p), len(self.decays)

@@ -78,7 +78,7 @@ from lopt import param_roles
 from lopt.base import LearnedOptimizer, added_option, layout_option
 from lopt.parts import features as ft
 from lopt.parts import tree_checks
-from lopt.parts.moment_features import MomentFeatures, accumulate, normalized_feature_mlp
+from lopt.parts.moment_features import MomentFeatures, accumulate, init_accumulators, normalized_feature_mlp
 from lopt.parts.newton_schulz import orthogonalize
 from lopt.parts.nn import later_layers, residual_mlp_init
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
@@ -280,9 +280,7 @@ class NormMLPLOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         mlp, idx, layout = theta["mlp"], self.momentum_index, self.update_layout
 
         def init_fn(params):
-            k = len(self.decays)
-            momenta = jax.tree_util.tree_map(lambda p: jnp.zeros((k,) + jnp.shape(p), jnp.float32), params)
-            second = jax.tree_util.tree_map(ft.zeros_like_f32, params)
+            momenta, second = init_accumulators(params, len(self.decays))
             scales = jax.tree_util.tree_map(self.step_scale, params, roles_of(params))
             return NormMLPLOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(), scales)
 
