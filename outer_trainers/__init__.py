@@ -18,8 +18,9 @@ from outer_trainers.estimators import (Estimate, EstimatorSchedule, FullES, Full
                                        TruncatedPESPMAP, default_compiler_options, estimator_on_family)
 from outer_trainers.evaluation import (best_runs, compare_optimizers, format_comparison, lr_grid, make_task_trainer,
                                        protocol, run_settings)
-from outer_trainers.learner import (GradientLearner, LearnerState, MetaEvaluator, OuterTrainState, ValidationSelector,
-                                    chained, init_outer_state, outer_step, outer_train, resample_estimators)
+from outer_trainers.learner import (GradientLearner, LearnerState, MetaEvaluator, OuterTrainState, Reporting,
+                                    ValidationSelector, chained, init_outer_state, outer_step, outer_train,
+                                    resample_estimators)
 from outer_trainers.runs import (CheckpointManager, CheckpointPolicy, ExistingRunError, MetaTrainingDiverged,
                                  Reporter, RunCheckpoints, RunTotals, UnreadableCheckpointsError, theta_from_checkpoint,
                                  theta_from_file)
@@ -27,7 +28,8 @@ from outer_trainers.steps import (ConstantTruncationSchedule, LOptInnerState, LO
                                   LogUniformTruncationSchedule, NeverEndingTruncationSchedule,
                                   PowerLawTruncationSchedule, StepOut, TruncatedStep,
                                   TruncationSchedule, TruncationState)
-from outer_trainers.training import Evaluation, Evaluator, TrainResult, TrainState, run_to_end, train_loop, train_model
+from outer_trainers.training import (EvalPlan, Evaluation, Evaluator, LoopOptions, TrainResult, TrainState, run_to_end,
+                                     train_loop, train_model)
 from outer_trainers.distributed import pbt_outer_train, pbt_reports, ray_outer_train
 
 __all__ = [
@@ -37,12 +39,13 @@ __all__ = [
     "LOptInnerState",
     "GradientEstimator", "Estimate", "default_compiler_options", "TruncatedES", "TruncatedPES",
     "GradientLearner", "LearnerState",
-    "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators",
+    "OuterTrainState", "outer_train", "outer_step", "init_outer_state", "resample_estimators", "Reporting",
     "Reporter", "RunTotals", "RunCheckpoints", "theta_from_checkpoint", "theta_from_file", "MetaTrainingDiverged",
     "ExistingRunError", "UnreadableCheckpointsError",
     "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP", "ShardedTruncatedPES",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "ValidationSelector", "train_model", "TrainState",
-    "TrainResult", "train_loop", "run_to_end", "Evaluation", "Evaluator", "chained", "use_all_cpu_cores",
+    "TrainResult", "train_loop", "run_to_end", "Evaluation", "Evaluator", "EvalPlan", "LoopOptions", "chained",
+    "use_all_cpu_cores",
     "estimator_on_family", "ray_outer_train", "pbt_outer_train", "pbt_reports",
 ]

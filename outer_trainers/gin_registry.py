@@ -17,8 +17,10 @@ such as a truncation schedule or `CheckpointPolicy` is configuration and is regi
 The settings groups of the gin-configured meta-training run (`SETTINGS_GROUPS`: `MetaEval`,
 `Comparison`, `Validation`, `Reporting`, `CheckpointPolicy`, `RayWorkers`) are registered too, each
 under its own name: `learner.gin_run.train` builds them from their bindings
-(`MetaEval.every = 100`). Bindings of `train` that moved into a group are listed in
-`RENAMED_BINDINGS`; a config that still uses one is refused naming the new binding.
+(`MetaEval.every = 100`). So are those of scripts/train.py's `fit` (`EvalPlan`, `CheckpointPolicy`) and
+scripts/evaluate.py's `evaluate` (`BaselineTuning`, registered by that script). Bindings that moved
+into a group are listed in `RENAMED_BINDINGS` (`train`'s) and `RENAMED_ELSEWHERE` (the others'); a
+config that still uses one is refused naming the new binding.
 
 `load_config` parses gin files and bindings for the scripts, with their error handling.
 `learner.gin_run` holds the gin-configured meta-training run (`train`) of scripts/outer_train.py
@@ -47,10 +49,12 @@ OPTAX_NAMES = ("adam", "adamw", "sgd", "rmsprop", "lion", "adafactor", "chain", 
                "scale", "scale_by_adam", "add_decayed_weights", "cosine_decay_schedule",
                "warmup_cosine_decay_schedule", "exponential_decay", "MultiSteps")
 PACKAGES = (lopt, tasks, outer_trainers)
-# the settings groups of `learner.gin_run.train` that no package's `__all__` registers: {gin name: class}
+# the settings groups of `learner.gin_run.train`: {gin name: class} (those in `outer_trainers.__all__` are
+# registered with it, the others by `register_all` on their own)
 GROUP_CLASSES = {"MetaEval": run_settings.MetaEval, "Comparison": run_settings.Comparison,
-                 "Validation": run_settings.Validation, "Reporting": run_settings.Reporting, "RayWorkers": RayWorkers}
-SETTINGS_GROUPS = tuple(GROUP_CLASSES) + ("CheckpointPolicy",)
+                 "Validation": run_settings.Validation, "Reporting": run_settings.Reporting, "RayWorkers": RayWorkers,
+                 "CheckpointPolicy": outer_trainers.CheckpointPolicy}
+SETTINGS_GROUPS = tuple(GROUP_CLASSES)
 
 # bindings of `train` that moved into a settings group: {old name: new name}
 RENAMED_BINDINGS = {
@@ -68,7 +72,34 @@ RENAMED_BINDINGS = {
     "train.ray_address": "RayWorkers.address (or --ray_address)",
     "train.config": "nothing: the recorded config is read from the gin config itself",
 }
-_BINDING_NAME = re.compile(r"^[ \t]*(?:[\w.]+/)*(?:[\w.]+\.)?(train\.\w+)[ \t]*=", re.MULTILINE)
+# other bindings that moved into settings groups: {old name: new name}. Unlike `train`'s, `fit`'s evaluation
+# bindings are part of the config its checkpoints record, so a `fit` run resumes under the names it started with.
+RENAMED_ELSEWHERE = {
+    # scripts/train.py's `fit`: its evaluations and checkpoints are the groups EvalPlan and CheckpointPolicy
+    "fit.eval_splits": "EvalPlan.evals", "fit.eval_every": "EvalPlan.every", "fit.eval_at": "EvalPlan.at",
+    "fit.eval_batches": "EvalPlan.batches",
+    "fit.checkpoint_every_steps": "CheckpointPolicy.every_steps",
+    "fit.checkpoint_every_seconds": "CheckpointPolicy.every_seconds", "fit.keep_checkpoints": "CheckpointPolicy.keep",
+    "fit.checkpoints_at": "CheckpointPolicy.checkpoints_at",
+    "fit.permanent_checkpoint_every": "CheckpointPolicy.permanent_every",
+    **{f"fit.{k}": f"CheckpointPolicy.{k}" for k in ("best_metric", "best_mode", "keep_best")},
+    # scripts/evaluate.py's `evaluate`: how it tunes the baselines is the group BaselineTuning
+    **{f"evaluate.{k}": f"BaselineTuning.{k}" for k in ("adam_lrs", "adamw_lrs", "muon_lrs", "sgdm_lrs", "momentum",
+                                                         "weight_decay", "max_extensions")},
+    # the library's loops, where a config binds them directly
+    **{f"outer_train.{k}": f"Reporting.{k} (outer_train.reporting = @Reporting())"
+       for k in ("progress", "log_every", "tensorboard", "max_consecutive_dropped")},
+    **{f"{fn}.{k}": f"LoopOptions.{k} ({fn}.options = @LoopOptions())" for fn in ("train_loop", "train_model")
+       for k in ("log_every", "progress", "tensorboard", "callbacks", "yield_every", "chunk_size")},
+    **{f"{fn}.{old}": f"EvalPlan.{new} ({fn}.evaluation = @EvalPlan())" for fn in ("train_loop", "train_model")
+       for old, new in (("evals", "evals"), ("eval_every", "every"), ("eval_at", "at"), ("eval_split", "split"),
+                        ("eval_batches", "batches"), ("metrics", "metrics"))},
+}
+_ALL_RENAMED = {**RENAMED_BINDINGS, **RENAMED_ELSEWHERE}
+# the configurables whose renamed bindings `renamed_bindings` looks for, longest first (`train_loop` before `train`)
+_RENAMED_IN = sorted({old.split(".")[0] for old in _ALL_RENAMED}, key=len, reverse=True)
+_BINDING_NAME = re.compile(r"^[ \t]*(?:[\w.]+/)*(?:[\w.]+\.)?((?:" + "|".join(_RENAMED_IN) + r")\.\w+)[ \t]*=",
+                           re.MULTILINE)
 
 _registered = False
 
@@ -124,12 +155,14 @@ def register_all() -> None:
         if hasattr(optax, name):
             gin.external_configurable(getattr(optax, name), name=name, module="optax")
     for name, cls in GROUP_CLASSES.items():
-        gin.external_configurable(cls, name=name, module=outer_trainers.__name__)
+        if name not in outer_trainers.__all__:
+            gin.external_configurable(cls, name=name, module=outer_trainers.__name__)
     _registered = True
 
 
 def renamed_bindings(config_text: str) -> list[str]:
-    """The bindings of `config_text` that use a name `train` no longer has, each with its new name.
+    """The bindings of `config_text` that use a parameter name that moved into a settings group, each with its
+    new name (`RENAMED_BINDINGS`, `train`'s; `RENAMED_ELSEWHERE`, `fit`'s, `evaluate`'s and the library loops').
 
     Args:
       config_text: gin config text (a file's or a `--gin_param`'s).
@@ -138,11 +171,11 @@ def renamed_bindings(config_text: str) -> list[str]:
       one line per renamed binding found, e.g. "train.log_every is now Reporting.log_every"; empty when none.
     """
     found = dict.fromkeys(m.group(1) for m in _BINDING_NAME.finditer(config_text))
-    return [f"{old} is now {RENAMED_BINDINGS[old]}" for old in found if old in RENAMED_BINDINGS]
+    return [f"{old} is now {_ALL_RENAMED[old]}" for old in found if old in _ALL_RENAMED]
 
 
 def check_renamed_bindings(config_text: str, source: str = "the gin config") -> None:
-    """Refuses a config that binds a renamed `train` parameter, naming the new binding.
+    """Refuses a config that binds a parameter that moved into a settings group, naming the new binding.
 
     Args:
       config_text: gin config text.
@@ -153,9 +186,9 @@ def check_renamed_bindings(config_text: str, source: str = "the gin config") -> 
     """
     renamed = renamed_bindings(config_text)
     if renamed:
-        raise ValueError(f"{source} binds parameters of `train` that moved into settings groups: "
-                         + "; ".join(renamed) + ". Rename the bindings (a run started with the old names "
-                         "resumes with the new ones).")
+        raise ValueError(f"{source} binds parameters that moved into settings groups: "
+                         + "; ".join(renamed) + ". Rename the bindings (a `train` run started with the old "
+                         "names resumes with the new ones).")
 
 
 def load_config(gin_files: Sequence[str], gin_params: Sequence[str]) -> None:

@@ -59,9 +59,11 @@ from outer_trainers import evaluation
 from outer_trainers.gin_registry import load_config  # importing gin_registry registers the public API with gin
 from tasks import suites
 
-# gin lives here, at the edge: `evaluate.*` and `stress.*` bindings configure the library's functions.
+# gin lives here, at the edge: `evaluate.*` and `stress.*` bindings configure the library's functions, and
+# `BaselineTuning.*` how `evaluate` tunes the baselines.
 evaluate = gin.external_configurable(evaluation.evaluate, name="evaluate")
 stress = gin.external_configurable(evaluation.stress_test, name="stress")
+baseline_tuning = gin.external_configurable(evaluation.BaselineTuning, name="BaselineTuning")
 
 
 def task_bindings(specs: Sequence[str]) -> list[str]:
@@ -111,7 +113,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--num_steps", type=int, help="steps per run of --task tasks (sets evaluate.num_steps)")
     p.add_argument("--num_seeds", type=int, help="task draws per --task task (sets evaluate.num_seeds)")
     p.add_argument("--gin_file", action="append", default=[], help="gin config file (repeatable)")
-    p.add_argument("--gin_param", action="append", default=[], help="gin binding, e.g. 'evaluate.num_steps = 100'")
+    p.add_argument("--gin_param", action="append", default=[],
+                   help="gin binding, e.g. 'evaluate.num_steps = 100' or 'BaselineTuning.max_extensions = 0'")
     p.add_argument("--stress_steps", type=int,
                    help="instead of the comparison, the stability check: each learned optimizer trains every task "
                         "this many steps (told this horizon); fails when a loss goes non-finite, ends above its start "
@@ -153,7 +156,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         load_config(args.gin_file, params)
         return stress(args.output_dir)
     load_config(args.gin_file, params)
-    return evaluate(args.output_dir)
+    return evaluate(args.output_dir, tuning=baseline_tuning())
 
 
 if __name__ == "__main__":

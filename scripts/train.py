@@ -7,10 +7,13 @@ r"""Train one model with a meta-trained learned optimizer or an optax baseline, 
         --gin_param 'learned_optimizer.theta_path = "/tmp/run/theta_final.msgpack"'
 
 The loop is `outer_trainers.training.train_loop` (the one behind `train_model`): evaluation every
-`fit.eval_every` steps on `fit.eval_splits`, EMA, rolling/permanent/best checkpoints written in the
-background, progress bar or log lines. Writes to --output_dir: metrics.jsonl, tb/ (TensorBoard),
-checkpoints/, config.gin (the operative config, written once the run may start or resume) and
-result.json (the mean train loss over the last 10% of steps and the final evaluation metrics).
+`EvalPlan.every` steps on `EvalPlan.evals`, EMA, rolling/permanent/best checkpoints written in the
+background as `CheckpointPolicy.*` says, progress bar or log lines. `fit`'s parameters say what is
+trained, for how long and how it reports; the evaluations (`EvalPlan`) and the checkpoints
+(`CheckpointPolicy`) are settings groups bound by their own names, as in scripts/outer_train.py.
+Writes to --output_dir: metrics.jsonl, tb/ (TensorBoard), checkpoints/, config.gin (the operative
+config, written once the run may start or resume) and result.json (the mean train loss over the
+last 10% of steps and the final evaluation metrics).
 Re-running the same command resumes from the newest checkpoint; changing a binding other than
 logging and checkpoint options (RESUME_SAFE) makes the resume fail with the differing bindings
 named, changing nothing on disk. A new run refuses to start over another run's results unless
@@ -44,6 +47,8 @@ from lopt.file_io import atomic_write_bytes
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 # importing gin_registry registers the public API with gin
 from outer_trainers.gin_registry import gin_bindings, load_config
+from outer_trainers.learner.gin_run import configured
+from outer_trainers.training.train_eval import EvalPlan
 from outer_trainers.training.train_loop import TrainResult, run_to_end, run_training
 from outer_trainers.training.train_resume import check_training_start
 from outer_trainers.training.train_setup import LoopOptions, RunFiles, prepare_training
@@ -52,7 +57,7 @@ from tasks.base import Task
 # Bindings that may change between a run and its resumption (logging, checkpointing): every other
 # binding must match the checkpoint's.
 RESUME_SAFE = ("fit.progress", "fit.log_every", "fit.tensorboard", "fit.resume", "fit.overwrite", "fit.extend",
-               "fit.checkpoint", "fit.keep_", "fit.permanent_", "fit.best_", "fit.chunk_size")
+               "fit.chunk_size", "CheckpointPolicy.", "outer_trainers.CheckpointPolicy.")
 CONFIG_FILE = "config.gin"
 
 
@@ -81,17 +86,20 @@ def learned_optimizer(learned_opt: lopt.LearnedOptimizer = gin.REQUIRED, theta_p
 @gin.configurable
 def fit(output_dir: str, *, task: Task = gin.REQUIRED, optimizer: optax.GradientTransformation = gin.REQUIRED,
         num_steps: int = 1000, seed: int = 0, ema_decay: Optional[float] = None, ema_warmup_steps: int = 0,
-        eval_splits: Sequence[str] = ("test",), eval_batches: int = 8, eval_every: Optional[int] = None,
-        eval_at: Sequence[int] = (), log_every: int = 100, progress: Union[bool, str] = True,
-        tensorboard: bool = True, resume: bool = True, overwrite: bool = False,
-        checkpoint_every_steps: Optional[int] = None, checkpoint_every_seconds: Optional[float] = 600.0,
-        keep_checkpoints: int = 3, checkpoints_at: Sequence[int] = (), permanent_checkpoint_every: Optional[int] = None,
-        best_metric: Optional[str] = None, best_mode: str = "min", keep_best: int = 1, chunk_size: int = 100,
-        config: Optional[dict] = None, config_text: Optional[str] = None, extend: bool = False) -> TrainResult:
+        log_every: int = 100, progress: Union[bool, str] = True, tensorboard: bool = True, resume: bool = True,
+        overwrite: bool = False, chunk_size: int = 100, config: Optional[dict] = None,
+        config_text: Optional[str] = None, extend: bool = False) -> TrainResult:
     """Trains `task` with `optimizer` for `num_steps` steps in `output_dir` and writes result.json.
 
     Checks whether the run may start or resume in `output_dir` before anything is written there
     (`check_training_start`), then writes `config_text` to config.gin and trains.
+
+    Two settings groups are built from their own gin bindings (`learner.gin_run.configured`):
+
+      EvalPlan          every (None: only at `at` and the end), at, evals (split names or Evaluations,
+                        default: "test"), batches (each split's batches), split, metrics
+      CheckpointPolicy  every_steps, every_seconds (default 600), keep (3), checkpoints_at, permanent_every,
+                        best_metric (a logged metric, e.g. "eval/test/loss"), best_mode, keep_best
 
     Args:
       output_dir: where metrics, TensorBoard summaries, checkpoints and result.json go.
@@ -101,23 +109,11 @@ def fit(output_dir: str, *, task: Task = gin.REQUIRED, optimizer: optax.Gradient
       seed: the run's PRNG seed.
       ema_decay: keep an EMA of the params with this decay, evaluated beside them (None: no EMA).
       ema_warmup_steps: steps over which the EMA decay ramps in.
-      eval_splits: the data splits evaluated (loss, and accuracy for classifiers).
-      eval_batches: batches each evaluation averages over.
-      eval_every: steps between evaluations (None: only at `eval_at` and the end).
-      eval_at: further steps to evaluate at.
       log_every: steps between metrics lines.
       progress: True or "bar" (tqdm), "log" (plain lines, for log files), False or "none".
       tensorboard: also write TensorBoard summaries.
       resume: continue from the newest checkpoint in `output_dir` (a new run refuses to replace another's results).
       overwrite: start a new run, deleting a previous run's metrics, TensorBoard files and checkpoints first.
-      checkpoint_every_steps: steps between rolling checkpoints (None: not by steps).
-      checkpoint_every_seconds: seconds between rolling checkpoints (None: not by time).
-      keep_checkpoints: rolling checkpoints kept.
-      checkpoints_at: steps that get a permanent checkpoint.
-      permanent_checkpoint_every: a permanent checkpoint every this many steps (None: none).
-      best_metric: a logged metric (e.g. "eval/test/loss") that picks "best" checkpoints (None: none).
-      best_mode: "min" or "max": which `best_metric` value is best.
-      keep_best: best checkpoints kept.
       chunk_size: the most steps per jitted chunk.
       config: the run's config, stored with checkpoints; a resume refuses a different one (but for its
         horizon bindings, with `extend`).
@@ -128,16 +124,12 @@ def fit(output_dir: str, *, task: Task = gin.REQUIRED, optimizer: optax.Gradient
     Returns:
       the TrainResult.
     """
-    policy = CheckpointPolicy(every_steps=checkpoint_every_steps, every_seconds=checkpoint_every_seconds,
-                              keep=keep_checkpoints, checkpoints_at=tuple(checkpoints_at),
-                              permanent_every=permanent_checkpoint_every, best_metric=best_metric,
-                              best_mode=best_mode, keep_best=keep_best)
+    policy, evaluation = configured(CheckpointPolicy), configured(EvalPlan)
     files = RunFiles(output_dir=output_dir, policy=policy, resume=resume, overwrite=overwrite, config=config,
                      extend=extend)
     options = LoopOptions(log_every=log_every, chunk_size=chunk_size, progress=progress, tensorboard=tensorboard)
     setup = prepare_training(task, optimizer, num_steps, key=jax.random.key(seed), ema_decay=ema_decay,
-                             ema_warmup_steps=ema_warmup_steps, evals=list(eval_splits), eval_batches=eval_batches,
-                             eval_every=eval_every, eval_at=tuple(eval_at), files=files, options=options)
+                             ema_warmup_steps=ema_warmup_steps, evaluation=evaluation, files=files, options=options)
     check_training_start(setup)  # refusals raise here, before the first write
     if config_text is not None:
         os.makedirs(output_dir, exist_ok=True)

@@ -41,6 +41,7 @@ import numpy as np
 from outer_trainers.runs.checkpoint_manager import CheckpointManager
 from outer_trainers.distributed.cluster import connect_ray, import_ray
 from outer_trainers.learner.outer_train import OuterTrainState, init_outer_state, outer_train
+from outer_trainers.learner.run_settings import Reporting
 
 PBT_CHECKPOINT_ORIGIN = "trial_id"
 REPORTS_DIR = "lopt_reports"
@@ -95,7 +96,8 @@ def pbt_trainable(config: dict, *, make_run: Callable[[dict], tuple], num_steps:
     while state.step < num_steps:
         losses = []
         n = min(perturbation_interval, num_steps - state.step)
-        state = outer_train(learner, estimators, n, state=state, progress=False, tensorboard=False,
+        state = outer_train(learner, estimators, n, state=state,
+                            reporting=Reporting(progress=False, tensorboard=False),
                             callback=lambda step, st, m: losses.append(m["meta_loss"]))
         finite = [x for x in losses if np.isfinite(x)]
         metrics = {"step": state.step, "meta_loss": float(np.mean(finite)) if finite else float("nan"),

@@ -18,6 +18,7 @@ One concept per module:
 - `task_plan`: an evaluation's arguments checked and its tasks built before any work (`plan_tasks`:
   the tasks of a suite or a task list, also for meta-training's validation selection);
 - `suite_runs`: `evaluate`, the whole evaluation on a suite or a task list, and its five files;
+  `BaselineTuning`, how it tunes the baselines;
 - `report`, `curves`: the Markdown, JSON and CSV results, and the plots (curves, performance profile);
 - `stress_test`: the stability check past the meta-training horizon.
 
@@ -35,8 +36,8 @@ from outer_trainers.evaluation.scores import (collapsed, compare_runs, diverged,
                                               held_out_exploded, loss_ratio, smoothed, stability, steps_to_reach,
                                               trivial_loss_of)
 from outer_trainers.evaluation.stress_test import STRESS_FILES, stress_test
-from outer_trainers.evaluation.suite_runs import (DEFAULT_BASELINES, RESULT_FILES, evaluate, run_task,
-                                                  runs_in_sequence, trivial_losses)
+from outer_trainers.evaluation.suite_runs import (DEFAULT_BASELINES, RESULT_FILES, BaselineTuning, evaluate,
+                                                  run_task, runs_in_sequence, trivial_losses)
 from outer_trainers.evaluation.task_plan import PlannedTask, check_arguments, plan_tasks
 from outer_trainers.evaluation.task_trainer import (make_task_trainer, run_fixed, run_settings, sample_cfgs,
                                                     task_draws)
@@ -58,7 +59,8 @@ __all__ = [
     "protocol", "compare_optimizers", "format_comparison",
     # evaluating optimizers on suites
     "resolve_optimizer", "optimizer_labels", "run_learned", "PlannedTask", "check_arguments", "plan_tasks",
-    "run_task", "runs_in_sequence", "trivial_losses", "evaluate", "RESULT_FILES", "DEFAULT_BASELINES", "stress_test",
+    "run_task", "runs_in_sequence", "trivial_losses", "evaluate", "BaselineTuning", "RESULT_FILES", "DEFAULT_BASELINES",
+    "stress_test",
     "STRESS_FILES",
     # reports
     "format_number", "lr_label", "markdown_table", "comparison_tables", "results_markdown", "json_safe",

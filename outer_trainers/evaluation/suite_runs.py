@@ -1,6 +1,7 @@
 """Evaluating optimizers on a suite (or a list of tasks) against baselines tuned per task.
 
     out = evaluate("eval/", optimizers=["run/theta_final.msgpack"], suite="heldout-cpu", baselines=["adam"])
+    out = evaluate("eval/", optimizers=["pretrained:NAME"], tasks=[...], tuning=BaselineTuning(max_extensions=0))
 
 For every task (`task_plan.check_arguments`) and seed, every optimizer and every baseline trains
 the same task draw from the same initialisation (`task_trainer.task_draws`); each baseline is tuned
@@ -19,10 +20,13 @@ intervals) and every optimizer and baseline gets its performance profile
     curves.npz    every curve, [seeds, steps] per (task, optimizer, lr)
     performance_profile.png  each optimizer's performance profile                     (with `plots`)
 
-and an earlier evaluation's files are never replaced unless `overwrite`.
+and an earlier evaluation's files are never replaced unless `overwrite`. How the baselines are
+tuned (their starting grids, SGD's momentum, AdamW's weight decay, the grid extensions) is one
+`BaselineTuning` value; `scripts/evaluate.py` builds it from its gin bindings (`BaselineTuning.momentum = 0.8`).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import resource
@@ -48,6 +52,44 @@ MUON_LRS = default_lrs("muon")
 DEFAULT_BASELINES = ("adam", "adamw", "muon", "sgdm")
 Log = Optional[Callable[[str], None]]
 print_now = functools.partial(print, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineTuning:
+    """How `evaluate` tunes each baseline per task (the protocol of `outer_trainers.evaluation.protocol`).
+
+    Every baseline trains at each rate of its starting grid for every seed; the grid is extended by 2
+    rates past an edge holding the best rate, at most `max_extensions` times (`tuning.tune_learning_rate`).
+    The values are checked by `evaluate` before any work (`task_plan.check_arguments`).
+
+    Attributes:
+      adam_lrs: Adam's starting learning-rate grid (default: 7 log-spaced rates, 1e-4 .. 1e-1).
+      adamw_lrs: AdamW's starting grid (1e-4 .. 1e-1).
+      muon_lrs: Muon's starting grid (1e-3 .. 1).
+      sgdm_lrs: SGD-with-momentum's starting grid (1e-3 .. 1).
+      momentum: SGD's momentum, in [0, 1).
+      weight_decay: AdamW's decoupled weight decay (multiplied by the learning rate, as optax does).
+      max_extensions: the most extensions of a baseline's grid past its edge (>= 0).
+    """
+    adam_lrs: Sequence[float] = ADAM_LRS
+    adamw_lrs: Sequence[float] = ADAMW_LRS
+    muon_lrs: Sequence[float] = MUON_LRS
+    sgdm_lrs: Sequence[float] = SGDM_LRS
+    momentum: float = 0.9
+    weight_decay: float = ADAMW_WEIGHT_DECAY
+    max_extensions: int = 4
+
+    def __post_init__(self):
+        for name in ("adam_lrs", "adamw_lrs", "muon_lrs", "sgdm_lrs"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def grids(self) -> dict:
+        """The starting grids by baseline name.
+
+        Returns:
+          {"adam": adam_lrs, "adamw": adamw_lrs, "muon": muon_lrs, "sgdm": sgdm_lrs}.
+        """
+        return {"adam": self.adam_lrs, "adamw": self.adamw_lrs, "muon": self.muon_lrs, "sgdm": self.sgdm_lrs}
 
 
 def runs_in_sequence(family: TaskFamily) -> bool:
@@ -138,11 +180,9 @@ def _cpu_seconds() -> float:
 
 def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Optional[str] = None,
              suite: Optional[str] = None, tasks: Sequence[Any] = (), num_steps: int = 1000, num_seeds: int = 3,
-             baselines: Sequence[str] = DEFAULT_BASELINES, adam_lrs: Sequence[float] = ADAM_LRS,
-             adamw_lrs: Sequence[float] = ADAMW_LRS, muon_lrs: Sequence[float] = MUON_LRS,
-             sgdm_lrs: Sequence[float] = SGDM_LRS, momentum: float = 0.9, weight_decay: float = ADAMW_WEIGHT_DECAY,
-             eval_split: str = "test", max_extensions: int = 4, collapse_margin: float = COLLAPSE_MARGIN,
-             n_resamples: int = 2000, plots: bool = True, overwrite: bool = False, log: Log = print_now) -> dict:
+             baselines: Sequence[str] = DEFAULT_BASELINES, tuning: BaselineTuning = BaselineTuning(),
+             eval_split: str = "test", collapse_margin: float = COLLAPSE_MARGIN, n_resamples: int = 2000,
+             plots: bool = True, overwrite: bool = False, log: Log = print_now) -> dict:
     """Runs the evaluation of the module docstring and writes its files to `output_dir`.
 
     Per optimizer L and tuned baseline B, over the tasks: wins (f_L < f_B, e_L < e_B, speedup > 1)
@@ -159,14 +199,9 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
       num_steps: training steps per run of `tasks`.
       num_seeds: task draws (and run keys) per task of `tasks`, seeds 0 .. num_seeds - 1.
       baselines: the tuned baselines each optimizer is compared with (`tuning.baseline_names()`).
-      adam_lrs: Adam's starting learning-rate grid.
-      adamw_lrs: AdamW's starting learning-rate grid.
-      muon_lrs: Muon's starting learning-rate grid.
-      sgdm_lrs: SGD-with-momentum's starting learning-rate grid.
-      momentum: SGD's momentum.
-      weight_decay: AdamW's weight decay.
+      tuning: how the baselines are tuned: their starting grids, SGD's momentum, AdamW's weight decay and
+        the most grid extensions (`BaselineTuning`).
       eval_split: the data split of the held-out loss of `tasks` (a suite task has its own).
-      max_extensions: the most extensions of a baseline's grid past its edge (2 rates each).
       collapse_margin: a run is collapsed when its final train loss is >= (1 - margin) x its task's
         trivial loss (`scores.collapsed`).
       n_resamples: bootstrap resamples of each interval.
@@ -182,8 +217,11 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
       naming the argument: see `check_arguments`.
     """
     log = log or (lambda text: None)
+    if not isinstance(tuning, BaselineTuning):
+        raise TypeError(f"evaluate: tuning must be a BaselineTuning, got {type(tuning).__name__}")
     specs = list(optimizers) + ([theta_path] if theta_path else [])
-    grids = {"adam": tuple(adam_lrs), "adamw": tuple(adamw_lrs), "muon": tuple(muon_lrs), "sgdm": tuple(sgdm_lrs)}
+    grids = tuning.grids()
+    momentum, weight_decay, max_extensions = tuning.momentum, tuning.weight_decay, tuning.max_extensions
     plan = check_arguments(output_dir, specs, suite, tasks, num_steps, num_seeds, baselines, grids, momentum,
                            eval_split, max_extensions)
     if not 0.0 <= collapse_margin < 1.0:

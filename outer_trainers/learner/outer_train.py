@@ -5,7 +5,7 @@
 Each outer step asks every estimator for an estimate at the current theta and lets the learner
 combine them and update theta (dropping non-finite estimates and those without a valid inner
 step); the Reporter (outer_trainers.runs.reporting) logs it and RunCheckpoints
-(outer_trainers.runs.run_checkpoints) saves what the policy asks for. After `max_consecutive_dropped`
+(outer_trainers.runs.run_checkpoints) saves what the policy asks for. After `reporting.max_consecutive_dropped`
 steps in a row that applied nothing, the run stops with `reporting.MetaTrainingDiverged`.
 With `output_dir`:
 
@@ -62,8 +62,9 @@ from outer_trainers.estimators.estimator_schedule import EstimatorSchedule
 from outer_trainers.estimators.gradient_estimator import GradientEstimator
 from outer_trainers.validation import check_int, check_optional_int, check_weights
 from outer_trainers.learner.gradient_learner import GradientLearner, LearnerState
-from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED, Reporter, RunTotals
+from outer_trainers.runs.reporting import Reporter, RunTotals
 from outer_trainers.learner.run_records import estimator_labels, run_metadata
+from outer_trainers.learner.run_settings import Reporting
 from outer_trainers.learner.theta_best import best_score_on_disk, save_theta_best
 from outer_trainers.learner.validation_selection import (BEST_SCORE, SCORE, VALIDATION_CACHE, ValidationSelector,
                                                          improves)
@@ -169,16 +170,19 @@ def resample_estimators(schedule: EstimatorSchedule, state: OuterTrainState,
     return estimators, state.replace(estimator_states=est_states)
 
 
-def _check_arguments(num_steps: int, log_every: int, policy: Optional[CheckpointPolicy],
+def _check_arguments(num_steps: int, reporting: Reporting, policy: Optional[CheckpointPolicy],
                      meta_evaluator: Optional[Callable], eval_every: int, weights: Optional[Sequence[float]],
-                     num_estimators: Optional[int], max_consecutive_dropped: Optional[int],
-                     learner: GradientLearner, validation: Optional[ValidationSelector], validation_every: int) -> None:
+                     num_estimators: Optional[int], learner: GradientLearner, validation: Optional[ValidationSelector],
+                     validation_every: int) -> None:
     """Refuses bad arguments before anything is restored, written or run."""
     check_int("num_steps", num_steps, minimum=0)
-    check_int("log_every", log_every, minimum=1)
+    if not isinstance(reporting, Reporting):
+        raise TypeError(f"reporting must be an outer_trainers.Reporting (e.g. Reporting(progress=False)), got "
+                        f"{type(reporting).__name__}")
+    check_int("log_every", reporting.log_every, minimum=1)
     check_int("eval_every", eval_every, minimum=0)
     check_int("validation_every", validation_every, minimum=0)
-    check_optional_int("max_consecutive_dropped", max_consecutive_dropped, minimum=1)
+    check_optional_int("max_consecutive_dropped", reporting.max_consecutive_dropped, minimum=1)
     check_weights(weights, num_estimators)  # an EstimatorSchedule's count (None) is checked at each update
     if validation_every and validation is None:
         raise ValueError(f"validation_every={validation_every} needs a validation selector: pass "
@@ -212,13 +216,11 @@ def _restore_or_init(run: RunCheckpoints, learner: GradientLearner,
 def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEstimator], EstimatorSchedule],
                 num_steps: int, *,
                 output_dir: Optional[str] = None, seed: int = 0, weights: Optional[Sequence[float]] = None,
-                state: Optional[OuterTrainState] = None, progress: Union[bool, str] = "auto", log_every: int = 1,
+                state: Optional[OuterTrainState] = None, reporting: Reporting = Reporting(),
                 callback: Optional[Callable[[int, OuterTrainState, dict], None]] = None,
                 checkpoint_policy: Optional[CheckpointPolicy] = None, resume: bool = True, overwrite: bool = False,
                 meta_evaluator: Optional[Callable[[Any], dict]] = None, eval_every: int = 0,
-                tensorboard: bool = True, config: Optional[dict] = None,
-                max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
-                extend: bool = False, validation: Optional[ValidationSelector] = None,
+                config: Optional[dict] = None, extend: bool = False, validation: Optional[ValidationSelector] = None,
                 validation_every: int = 0) -> OuterTrainState:
     """Meta-trains theta and returns the final OuterTrainState (`.theta`).
 
@@ -232,9 +234,9 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         seed: the run's seed (for a new run).
         weights: one weight per estimator for the learner's average (default: equal).
         state: an OuterTrainState to continue instead of restoring or initialising.
-        progress: "auto" (a tqdm bar on a terminal, else a plain line every few seconds, as in a log file),
-            "bar", "log", "none"; True or False (see `runs.reporting.Reporter`).
-        log_every: log metrics every this many steps (and at the last step).
+        reporting: what the run shows and logs, and when it gives up on a diverged run (`Reporting`:
+            progress, log_every, tensorboard, max_consecutive_dropped), e.g.
+            `Reporting(progress=False, tensorboard=False)` in a notebook or a test.
         callback: `callback(step, state, metrics)` after each logged step, after that step's checkpoints
             are written (metrics as Python numbers).
         checkpoint_policy: when to checkpoint (default `CheckpointPolicy()`); needs `output_dir`.
@@ -247,11 +249,7 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
             moving average of theta when the learner keeps one); its metrics join
             the step's log and feed "best" checkpoints (`checkpoint_policy.best_metric`).
         eval_every: run `meta_evaluator` every this many steps (0: never).
-        tensorboard: also write TensorBoard event files.
         config: JSON-able run configuration stored in checkpoints; it must match on resume.
-        max_consecutive_dropped: stop with MetaTrainingDiverged after this many outer steps in a row in which
-            every estimate was dropped (non-finite, or without a valid inner step) and so nothing was applied;
-            the count survives a resume. None: never stop.
         extend: train the run in `output_dir` further, explicitly: continue its checkpoint (finished or
             interrupted) to `num_steps`, which must be at least the steps it has taken (fewer is refused,
             changing nothing on disk), and let the horizon bindings of a gin `config` change with the length
@@ -268,7 +266,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         The OuterTrainState after the last step.
 
     Raises:
-        MetaTrainingDiverged: `max_consecutive_dropped` steps in a row applied nothing (raised after that
+        MetaTrainingDiverged: `reporting.max_consecutive_dropped` steps in a row applied nothing (the count
+            survives a resume) (raised after that
             step is logged; checkpoints written before it stay, theta_final.msgpack is not written).
         ValueError, TypeError: a bad argument (before anything is restored, written or run).
     """
@@ -276,9 +275,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         raise ValueError("extend=True trains the run in output_dir further; with state= there is nothing to "
                          "resume (num_steps already counts more steps)")
     fixed = None if isinstance(estimators, EstimatorSchedule) else list(estimators)
-    _check_arguments(num_steps, log_every, checkpoint_policy, meta_evaluator, eval_every, weights,
-                     None if fixed is None else len(fixed), max_consecutive_dropped, learner, validation,
-                     validation_every)
+    _check_arguments(num_steps, reporting, checkpoint_policy, meta_evaluator, eval_every, weights,
+                     None if fixed is None else len(fixed), learner, validation, validation_every)
     if fixed is None:
         schedule, estimators_of_state = estimators, estimators.estimators_of_state
         meta = run_metadata(learner, [repr(schedule)], config)
@@ -303,9 +301,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
         totals = RunTotals()
     start = state.step
     estimators = estimators_of_state(start)
-    with Reporter(output_dir, start=start, target=target, progress=progress, log_every=log_every,
-                  tensorboard=tensorboard, meta_evaluator=meta_evaluator, eval_every=eval_every,
-                  totals=totals, max_consecutive_dropped=max_consecutive_dropped) as reporter:
+    with Reporter(output_dir, start=start, target=target, meta_evaluator=meta_evaluator, eval_every=eval_every,
+                  totals=totals, **reporting.loop_options()) as reporter:
         for i in range(start, target):
             if schedule is not None and schedule.resamples_at(i):
                 estimators, state = resample_estimators(schedule, state, i)

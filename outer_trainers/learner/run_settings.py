@@ -9,7 +9,8 @@
 value: frozen, compared and hashed by its fields, checked when built, so a bad setting fails
 before anything is built or compiled. `learner.gin_run.train` builds them from their gin bindings
 (`MetaEval.every = 100`, `Reporting.progress = "log"`, ...); a script of plain Python passes them to
-the steps of `learner.meta_training_run`. No gin here.
+the steps of `learner.meta_training_run`, and `outer_train(..., reporting=Reporting(...))` takes
+its Reporting. No gin here.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any, Optional, Sequence, Union
 
 from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED
 from outer_trainers.runs.summaries import PROGRESS_MODES
+from outer_trainers.validation import check_int, check_optional_int
 from tasks import suites
 
 DEFAULT_ADAM_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0)
@@ -129,6 +131,8 @@ class Validation:
 class Reporting:
     """What a run shows and logs while it trains, and when it gives up on a diverged run.
 
+    `outer_train(..., reporting=Reporting(progress=False, tensorboard=False))`; in gin, `Reporting.log_every = 10`.
+
     Attributes:
       progress: "auto" (a tqdm bar on a terminal, else a plain line every few seconds), "bar", "log"
         (plain lines, for log files), "none"; True means "auto", False "none".
@@ -154,8 +158,14 @@ class Reporting:
         if self.max_consecutive_dropped is not None and self.max_consecutive_dropped < 1:
             raise ValueError(f"Reporting.max_consecutive_dropped must be >= 1 or None, got "
                              f"{self.max_consecutive_dropped}")
+        check_int("Reporting.log_every", self.log_every, minimum=1)
+        check_optional_int("Reporting.max_consecutive_dropped", self.max_consecutive_dropped, minimum=1)
 
     def loop_options(self) -> dict:
-        """The keyword arguments of `outer_train` / `ray_outer_train` these settings give."""
+        """These settings as keyword arguments (of `runs.reporting.Reporter` and `ray_outer_train`).
+
+        Returns:
+          {"progress", "log_every", "tensorboard", "max_consecutive_dropped"}.
+        """
         return dict(progress=self.progress, log_every=self.log_every, tensorboard=self.tensorboard,
                     max_consecutive_dropped=self.max_consecutive_dropped)

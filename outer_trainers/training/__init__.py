@@ -4,14 +4,15 @@
 resolved before it starts), `train_loop` (the loop: data, evaluation, checkpoints, summaries,
 resume), `train_resume` (what a run checkpoints, how it resumes and is extended to more steps),
 `train_model` (the one-call wrapper), `train_eval` (evaluating a model on a split during
-training). Nothing here imports meta-training code (steps, estimators, learner, distributed).
+training; `EvalPlan`, what and when). Nothing here imports meta-training code (steps, estimators, learner, distributed).
 """
-from outer_trainers.training.train_eval import Evaluation, Evaluator
+from outer_trainers.training.train_eval import EvalPlan, Evaluation, Evaluator
 from outer_trainers.training.train_loop import TrainResult, run_to_end, run_training, train_loop
 from outer_trainers.training.train_model import train_model
 from outer_trainers.training.train_resume import check_training_start
 from outer_trainers.training.train_setup import LoopOptions, RunFiles, TrainingSetup, prepare_training
 from outer_trainers.training.train_state import TrainState
 
-__all__ = ["Evaluation", "Evaluator", "TrainResult", "run_to_end", "run_training", "train_loop", "train_model",
+__all__ = ["Evaluation", "Evaluator", "EvalPlan", "TrainResult", "run_to_end", "run_training", "train_loop",
+           "train_model",
            "LoopOptions", "RunFiles", "TrainingSetup", "prepare_training", "TrainState", "check_training_start"]

@@ -4,6 +4,7 @@
     evaluator(params, model_state)          # {"eval/test/loss": ..., "eval/test/accuracy": ..., ...}
     evaluator(params, model_state, ema)     # the same plus "eval_ema/test/loss", ...
     evaluation_steps(1000, eval_every=250, eval_at=(10,))   # [10, 250, 500, 750, 1000]
+    EvalPlan(every=250, evals=["test", "outer_valid"])   # what `train_loop(..., evaluation=...)` evaluates, when
 
 Every Evaluation averages its metrics over the same batches at every step (its key is fixed), so
 curves compare across steps. The metrics of a Task are its loss and, for an image classifier
@@ -52,6 +53,46 @@ class Evaluation:
     def label(self) -> str:
         """The name its metrics are logged under: `name`, or `split` when no name is given."""
         return self.name or self.split
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalPlan:
+    """What a model's training run evaluates, and when: `train_loop(..., evaluation=EvalPlan(every=500))`.
+
+    In gin (scripts/train.py): `EvalPlan.every = 50`, `EvalPlan.evals = ("test", "outer_valid")`.
+    The steps are checked against the run's length when the run is set up (`evaluation_steps`).
+
+    Attributes:
+        every: evaluate every this many steps (>= 1; None: only at `at` and the last step).
+        at: further steps to evaluate at (0: before training).
+        evals: the Evaluations, or split names (each `Evaluation(split, num_batches=batches)`), run at
+            evaluation steps (None: one on `split`; empty: none).
+        split: the split of the default evaluation.
+        batches: batches the default evaluation, and each one given as a split name, averages over.
+        metrics: metrics added to every evaluation: for a Task `fn(params, model_state, key, batch)`, for a
+            model `fn(outputs, batch)` like its `loss_fn` (a classifier model gets "accuracy" without asking).
+    """
+    every: Optional[int] = None
+    at: Sequence[int] = ()
+    evals: Optional[Sequence[Union[Evaluation, str]]] = None
+    split: str = "test"
+    batches: int = 8
+    metrics: Optional[Mapping[str, Any]] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "at", tuple(self.at))
+        if self.evals is not None:
+            object.__setattr__(self, "evals", tuple(self.evals))
+
+    def evaluations(self) -> list[Evaluation]:
+        """The Evaluations run at each evaluation step.
+
+        Returns:
+            `evals` with split names as `Evaluation(name, num_batches=batches)`, or
+            `[Evaluation(split, num_batches=batches)]` when `evals` is None.
+        """
+        evals = (self.split,) if self.evals is None else self.evals
+        return [Evaluation(e, num_batches=self.batches) if isinstance(e, str) else e for e in evals]
 
 
 def evaluation_steps(num_steps: int, eval_every: Optional[int] = None, eval_at: Sequence[int] = ()) -> list[int]:

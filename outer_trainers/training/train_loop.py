@@ -1,8 +1,9 @@
 """train_loop: train one model with any optax transform, as a full training loop.
 
-    for state in train_loop(task, tx, 10_000, output_dir="run", eval_every=500, yield_every=1000):
+    for state in train_loop(task, tx, 10_000, output_dir="run", evaluation=EvalPlan(every=500),
+                            options=LoopOptions(yield_every=1000, progress="log")):
         ...                                   # a notebook looks at the TrainState every 1000 steps
-    result = train_model(task, tx, 10_000, output_dir="run", eval_every=500)   # the same loop, run to the end
+    result = train_model(task, tx, 10_000, output_dir="run", evaluation=EvalPlan(every=500))   # run to the end
 
 The loop, step by step:
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any, Callable, Generator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Generator, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,11 +51,10 @@ from outer_trainers.runs.background_checkpoints import BackgroundCheckpointManag
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.reporting import RunTotals
 from outer_trainers.runs.summaries import MetricsLog, Progress
-from outer_trainers.training.train_eval import EMA_PREFIX, EVAL_PREFIX, Evaluation
+from outer_trainers.training.train_eval import EMA_PREFIX, EVAL_PREFIX, EvalPlan
 from outer_trainers.training.train_resume import (extended_history, initial_tree, saved_structure,
                                                   training_checkpoints)
-from outer_trainers.training.train_setup import (TRAIN_KEYS, Callback, LoopOptions, RunFiles, TrainingSetup,
-                                                 prepare_training)
+from outer_trainers.training.train_setup import TRAIN_KEYS, LoopOptions, RunFiles, TrainingSetup, prepare_training
 from outer_trainers.training.train_state import TrainState, train_step
 
 logger = logging.getLogger("outer_trainers")
@@ -115,16 +115,12 @@ def run_to_end(loop: Generator[TrainState, None, TrainResult]) -> TrainResult:
 
 def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_steps: int, *,
                loss_fn: Optional[Callable] = None, data: Any = None, seed: int = 0, key: Optional[jax.Array] = None,
-               ema_decay: Optional[float] = None, ema_warmup_steps: int = 0,
-               evals: Optional[Sequence[Union[Evaluation, str]]] = None, eval_every: Optional[int] = None,
-               eval_at: Sequence[int] = (), eval_split: str = "test", eval_batches: int = 8,
-               metrics: Optional[Mapping[str, Callable]] = None, output_dir: Optional[str] = None,
-               checkpoint_policy: Optional[CheckpointPolicy] = None, checkpoint_dir: Optional[str] = None,
-               resume: bool = True, overwrite: bool = False, log_every: int = 100, progress: Union[bool, str] = False,
-               tensorboard: bool = True, callbacks: Sequence[Callback] = (), yield_every: Optional[int] = None,
-               chunk_size: int = 100, devices: Optional[Sequence[jax.Device]] = None,
+               ema_decay: Optional[float] = None, ema_warmup_steps: int = 0, evaluation: EvalPlan = EvalPlan(),
+               output_dir: Optional[str] = None, checkpoint_policy: Optional[CheckpointPolicy] = None,
+               checkpoint_dir: Optional[str] = None, resume: bool = True, overwrite: bool = False,
+               options: LoopOptions = LoopOptions(), devices: Optional[Sequence[jax.Device]] = None,
                config: Optional[dict] = None, extend: bool = False) -> Generator[TrainState, None, TrainResult]:
-    """Trains a model for `num_steps` steps of `optimizer`, yielding the TrainState every `yield_every` steps.
+    """Trains a model for `num_steps` steps of `optimizer`, yielding the TrainState every `options.yield_every` steps.
 
     Returns a generator: `for state in train_loop(...)` sees the state at steps k · yield_every and at
     the last step; when it finishes it returns the TrainResult (`StopIteration.value`; `run_to_end(loop)`
@@ -144,14 +140,8 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
         key: the run's PRNG key (init, steps and evaluation keys are split from it).
         ema_decay: keep an EMA of params with this decay, in [0, 1), evaluated beside the params (None: no EMA).
         ema_warmup_steps: steps over which the EMA decay ramps in linearly from 0 (`ema_decay_at`).
-        evals: the Evaluations (or split names) run at evaluation steps (None: `Evaluation(eval_split,
-            num_batches=eval_batches)`; empty: none).
-        eval_every: evaluate every this many steps (>= 1; None: only at `eval_at` and the last step).
-        eval_at: further steps to evaluate at (0: before training).
-        eval_split: the split of the default evaluation.
-        eval_batches: batches the default evaluation averages over.
-        metrics: metrics added to every evaluation: for a Task `fn(params, model_state, key, batch)`, for a
-            model `fn(outputs, batch)` like `loss_fn` (a classifier model gets "accuracy" without asking).
+        evaluation: what is evaluated and when (`EvalPlan`: every, at, evals, split, batches, metrics); the
+            default evaluates the "test" split at the last step.
         output_dir: where metrics.jsonl, tb/ and checkpoints/ go (None: nowhere).
         checkpoint_policy: when to checkpoint (default `CheckpointPolicy()`: every 10 min and at the end, last 3
             kept); needs `output_dir` or `checkpoint_dir`.
@@ -159,14 +149,10 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
         resume: continue from the newest checkpoint (which must match this run); a new run (none, or
             resume=False) refuses to start over another run's metrics.jsonl, tb/ or checkpoints/ in `output_dir`.
         overwrite: start a new run, deleting those results of a previous run first.
-        log_every: log train metrics every this many steps (and at evaluation steps and the last step).
-        progress: True or "bar" (tqdm), "log" (plain lines on stderr), "auto" (a bar on a terminal, else
-            plain lines every few seconds), False or "none".
-        tensorboard: also write TensorBoard event files under `output_dir`/tb.
-        callbacks: `callback(step, state, metrics)` after each step that evaluated or checkpointed (metrics:
-            that step's logged metrics, evaluation results included; {} when the step was not logged).
-        yield_every: yield the TrainState every this many steps and at the last one (None: only returns).
-        chunk_size: the most steps per jitted chunk.
+        options: how the loop runs and reports (`LoopOptions`): log_every (train metrics every this many
+            steps, and at evaluation steps and the last step; default 100), progress (True or "bar", "log",
+            "auto", False or "none"; default none), tensorboard, callbacks (`callback(step, state, metrics)`
+            after each step that evaluated or checkpointed), yield_every (None: only returns), chunk_size.
         devices: devices for data parallelism (default: all local).
         config: JSON-able run configuration stored in checkpoints; it must match on resume.
         extend: train the run in `output_dir` further: resume its checkpoint, written by a run of another
@@ -183,14 +169,13 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
     Raises:
         ValueError, TypeError: an argument is out of range or of the wrong kind (at the call).
     """
-    options = LoopOptions(log_every=log_every, chunk_size=chunk_size, yield_every=yield_every, progress=progress,
-                          tensorboard=tensorboard, callbacks=tuple(callbacks))
+    if not isinstance(options, LoopOptions):
+        raise TypeError(f"options must be a LoopOptions (e.g. LoopOptions(log_every=10)), got {type(options).__name__}")
     files = RunFiles(output_dir=output_dir, policy=checkpoint_policy, checkpoint_dir=checkpoint_dir, resume=resume,
                      overwrite=overwrite, config=config, extend=extend)
     setup = prepare_training(task_or_model, optimizer, num_steps, key=jax.random.key(seed) if key is None else key,
                              loss_fn=loss_fn, data=data, ema_decay=ema_decay, ema_warmup_steps=ema_warmup_steps,
-                             evals=evals, eval_every=eval_every, eval_at=eval_at, eval_split=eval_split,
-                             eval_batches=eval_batches, metrics=metrics, devices=devices, files=files, options=options)
+                             evaluation=evaluation, devices=devices, files=files, options=options)
     return run_training(setup)
 
 

@@ -2,8 +2,9 @@
 
     result = train_model(task, optax.adam(1e-3), 1000)                      # a tasks.Task
     result = train_model(flax_module, tx, 1000, loss_fn=loss, data=data)    # flax linen/nnx or haiku fn
-    result = train_model(task, tx, 10_000, output_dir="run", eval_every=500, ema_decay=0.999,
-                         checkpoint_policy=CheckpointPolicy(every_steps=1000, keep=3, checkpoints_at=(5000,)))
+    result = train_model(task, tx, 10_000, output_dir="run", evaluation=EvalPlan(every=500), ema_decay=0.999,
+                         checkpoint_policy=CheckpointPolicy(every_steps=1000, keep=3, checkpoints_at=(5000,)),
+                         options=LoopOptions(log_every=50, progress="log"))
     result.losses [num_steps], result.eval_loss, result.evals, result.state.params (.ema_params with ema_decay)
 
 `train_model` runs `outer_trainers.training.train_loop.train_loop` (evaluation during training, rolling and
@@ -27,9 +28,8 @@ from outer_trainers.training.train_loop import TrainResult, run_to_end, train_lo
 
 def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num_steps: int, *,
                 loss_fn: Optional[Callable] = None, data: Any = None, seed: int = 0,
-                key: Optional[jax.Array] = None, ema_decay: Optional[float] = None, chunk_size: int = 100,
-                eval_split: str = "test", eval_batches: int = 8, checkpoint_dir: Optional[str] = None,
-                checkpoint_every: Optional[int] = None, keep: int = 2,
+                key: Optional[jax.Array] = None, ema_decay: Optional[float] = None,
+                checkpoint_dir: Optional[str] = None, checkpoint_every: Optional[int] = None, keep: int = 2,
                 devices: Optional[Sequence[jax.Device]] = None, **loop_options) -> TrainResult:
     """Trains a model for `num_steps` steps of `optimizer` (any optax transform; learned ones get `loss=`).
 
@@ -50,26 +50,23 @@ def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num
         seed: seed of the run's key (when `key` is None).
         key: the run's PRNG key (init, steps and evaluation keys are split from it).
         ema_decay: keep an EMA of params with this decay (None: no EMA).
-        chunk_size: the most steps per jitted chunk.
-        eval_split: the data split of the default evaluation.
-        eval_batches: batches the default evaluation averages over.
         checkpoint_dir: where checkpoints go (None: `output_dir`/checkpoints, or none without `output_dir`).
         checkpoint_every: steps between rolling checkpoints, when no `checkpoint_policy` is given (None: only at
             the end).
         keep: rolling checkpoints kept, when no `checkpoint_policy` is given.
         devices: devices for data parallelism (default: all local).
-        **loop_options: `train_loop`'s other keyword arguments (evals, eval_every, eval_at, metrics, output_dir,
-            checkpoint_policy, resume, overwrite, extend, log_every, progress, tensorboard, callbacks,
+        **loop_options: `train_loop`'s other keyword arguments (evaluation (an `EvalPlan`), output_dir,
+            checkpoint_policy, resume, overwrite, extend, options (a `LoopOptions` without `yield_every`),
             ema_warmup_steps, config).
 
     Returns:
         A TrainResult.
     """
-    if "yield_every" in loop_options:
-        raise TypeError("train_model does not yield states; iterate train_loop(..., yield_every=N) instead")
+    if getattr(loop_options.get("options"), "yield_every", None) is not None:
+        raise TypeError("train_model does not yield states; iterate train_loop(..., options=LoopOptions("
+                        "yield_every=N)) instead")
     loop_options.setdefault("checkpoint_policy", CheckpointPolicy(every_steps=checkpoint_every, every_seconds=None,
                                                                   keep=keep))
     loop = train_loop(task_or_model, optimizer, num_steps, loss_fn=loss_fn, data=data, seed=seed, key=key,
-                      ema_decay=ema_decay, chunk_size=chunk_size, eval_split=eval_split, eval_batches=eval_batches,
-                      checkpoint_dir=checkpoint_dir, devices=devices, **loop_options)
+                      ema_decay=ema_decay, checkpoint_dir=checkpoint_dir, devices=devices, **loop_options)
     return run_to_end(loop)

@@ -2,7 +2,7 @@
 
     options = LoopOptions(log_every=100, chunk_size=100, yield_every=1000, progress="log")
     files = RunFiles(output_dir="run", policy=CheckpointPolicy(every_steps=500))
-    setup = prepare_training(task, optax.adam(1e-3), 10_000, key=jax.random.key(0), eval_every=500,
+    setup = prepare_training(task, optax.adam(1e-3), 10_000, key=jax.random.key(0), evaluation=EvalPlan(every=500),
                              files=files, options=options)       # raises here on any bad argument
     setup.task, setup.evaluator, setup.eval_steps, setup.checkpoint_meta()
 
@@ -13,7 +13,7 @@ generator that trains, so every argument is checked at the call and nothing is r
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import jax
 import optax
@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.summaries import PROGRESS_MODES
-from outer_trainers.training.train_eval import Evaluation, Evaluator, evaluation_steps, model_metrics
+from outer_trainers.training.train_eval import EvalPlan, Evaluator, evaluation_steps, model_metrics
 from outer_trainers.training.train_state import TrainState, as_task, data_parallel_sharding
 from tasks.base import Task
 
@@ -158,10 +158,7 @@ class TrainingSetup:
 
 def prepare_training(task_or_model: Any, optimizer: optax.GradientTransformation, num_steps: int, *,
                      key: jax.Array, loss_fn: Optional[Callable] = None, data: Any = None,
-                     ema_decay: Optional[float] = None, ema_warmup_steps: int = 0,
-                     evals: Optional[Sequence[Union[Evaluation, str]]] = None, eval_every: Optional[int] = None,
-                     eval_at: Sequence[int] = (), eval_split: str = "test", eval_batches: int = 8,
-                     metrics: Optional[Mapping[str, Callable]] = None,
+                     ema_decay: Optional[float] = None, ema_warmup_steps: int = 0, evaluation: EvalPlan = EvalPlan(),
                      devices: Optional[Sequence[jax.Device]] = None, files: RunFiles = RunFiles(),
                      options: LoopOptions = LoopOptions()) -> TrainingSetup:
     """Checks a training run's arguments and resolves them into a TrainingSetup.
@@ -179,12 +176,7 @@ def prepare_training(task_or_model: Any, optimizer: optax.GradientTransformation
         data: the DataSource (default: the task's own).
         ema_decay: keep an EMA of params with this decay, in [0, 1) (None: no EMA).
         ema_warmup_steps: steps over which the EMA decay ramps in (>= 0).
-        evals: the Evaluations or split names (None: `Evaluation(eval_split, num_batches=eval_batches)`; empty: none).
-        eval_every: evaluate every this many steps (>= 1; None: only at `eval_at` and the last step).
-        eval_at: further steps to evaluate at.
-        eval_split: the split of the default evaluation.
-        eval_batches: batches the default evaluation averages over.
-        metrics: metrics added to every evaluation (see `train_loop`).
+        evaluation: what is evaluated and when (`EvalPlan`).
         devices: devices for data parallelism (default: all local).
         files: where the run's files go.
         options: how the loop runs and reports.
@@ -201,7 +193,9 @@ def prepare_training(task_or_model: Any, optimizer: optax.GradientTransformation
         raise ValueError(f"ema_decay must be in [0, 1) or None, got {ema_decay}")
     if ema_warmup_steps < 0:
         raise ValueError(f"ema_warmup_steps must be >= 0, got {ema_warmup_steps}")
-    eval_steps = evaluation_steps(num_steps, eval_every, eval_at)
+    if not isinstance(evaluation, EvalPlan):
+        raise TypeError(f"evaluation must be an EvalPlan (e.g. EvalPlan(every=100)), got {type(evaluation).__name__}")
+    eval_steps = evaluation_steps(num_steps, evaluation.every, evaluation.at)
     task = as_task(task_or_model, loss_fn, data)
     data = task.data if data is None else data
     sharding = data_parallel_sharding(data, devices)
@@ -210,7 +204,7 @@ def prepare_training(task_or_model: Any, optimizer: optax.GradientTransformation
         data = jax.device_put(data, replicated)
     init_key, step_key, eval_key = jax.random.split(key, 3)
 
-    evaluations = [Evaluation(eval_split, num_batches=eval_batches)] if evals is None else list(evals)
+    evaluations, metrics = evaluation.evaluations(), evaluation.metrics
     extra = metrics if isinstance(task_or_model, Task) else model_metrics(task_or_model, data, metrics)
     evaluator = Evaluator(evaluations, task, data, eval_key, extra, placement=replicated) if evaluations else None
     eval_names = evaluator.metric_names(ema_decay is not None) if evaluator else []

@@ -100,7 +100,8 @@ def test_smoke_suite_brings_its_own_steps_and_seeds(evaluate_script, tmp_path):
     from tasks import suites
     out = tmp_path / "suite"
     evaluate_script.main(["--suite", "smoke", "--optimizer", _theta(tmp_path), "--baselines", "adam",
-                          "--gin_param", "evaluate.max_extensions = 0", "--output_dir", str(out)])  # fewer compiles
+                          "--gin_param", "BaselineTuning.max_extensions = 0",  # fewer compiles
+                          "--output_dir", str(out)])
     doc = _strict_json(out / "results.json")
     assert doc["suite"] == "smoke" and doc["optimizers"] == {"learned": str(tmp_path / "theta.msgpack")}
     smoke = suites.get("smoke")
@@ -121,7 +122,7 @@ def test_muon_is_a_baseline_and_plots_can_be_left_out(evaluate_script, tmp_path)
     task = "ImageMLPFamily(hidden_sizes=(8,), batch_size=16)"
     res = evaluate_script.main(["--theta", _theta(tmp_path), "--task", task,
                                 "--num_steps", "12", "--num_seeds", "3", "--baselines", "muon", "--no_plots",
-                                "--gin_param", "evaluate.max_extensions = 0",
+                                "--gin_param", "BaselineTuning.max_extensions = 0",
                                 "--gin_param", "evaluate.n_resamples = 300", "--output_dir", str(out)])
     assert sorted(f.name for f in out.iterdir()) == ["curves.npz", "results.csv", "results.json", "results.md"]
     doc = _strict_json(out / "results.json")
@@ -157,7 +158,8 @@ def test_a_task_declaring_its_trivial_loss_flags_a_collapsed_run(evaluate_script
     assert evaluation.trivial_losses(Declared(dim=4), [0, 1]) == [1e-12, 1e-12]
     assert evaluation.trivial_losses(tasks.QuadraticFamily(dim=4), [0, 1]) is None
     res = evaluation.evaluate(str(tmp_path / "e"), optimizers=[_theta(tmp_path)], tasks=[Declared(dim=4)],
-                              num_steps=10, num_seeds=2, baselines=["adam"], max_extensions=0, n_resamples=200,
+                              num_steps=10, num_seeds=2, baselines=["adam"],
+                              tuning=evaluation.BaselineTuning(max_extensions=0), n_resamples=200,
                               plots=False, log=None)
     c = res["comparisons"]["learned vs adam"]["quadratic_dim4"]
     assert c["collapsed"] and c["trivial_loss"] == 1e-12 and c["below_initial"]  # the old check would pass it
@@ -223,15 +225,15 @@ def test_bad_task_spec_is_reported(evaluate_script):
 @pytest.mark.parametrize("flags, what", [
     (["--num_seeds", "0"], r"num_seeds \(--num_seeds\) must be an integer >= 1, got 0"),
     (["--num_steps", "0"], r"num_steps \(--num_steps\) must be an integer >= 1, got 0"),
-    (["--gin_param", "evaluate.adam_lrs = []"], "adam_lrs must hold at least one learning rate"),
-    (["--gin_param", "evaluate.sgdm_lrs = [0.1, 0.0]"], "sgdm_lrs must hold .* finite and > 0"),
-    (["--gin_param", "evaluate.momentum = 1.0"], r"momentum must be in \[0, 1\)"),
+    (["--gin_param", "BaselineTuning.adam_lrs = []"], "adam_lrs must hold at least one learning rate"),
+    (["--gin_param", "BaselineTuning.sgdm_lrs = [0.1, 0.0]"], "sgdm_lrs must hold .* finite and > 0"),
+    (["--gin_param", "BaselineTuning.momentum = 1.0"], r"momentum must be in \[0, 1\)"),
     (["--gin_param", "evaluate.eval_split = 'valid'"], "eval_split 'valid' is not a split of"),
     (["--baselines", "adam,rmsprop"], r"unknown baselines \['rmsprop'\] \(--baselines\)"),
     (["--suite", "smoke"], r"give a suite \(--suite smoke\) or tasks \(--task\), not both"),
     (["--optimizer", "/no/such/theta.msgpack"], "is neither a baseline .* nor an existing theta or checkpoint file"),
     (["--optimizer", "TMP/garbage.msgpack"], "neither a theta file .* nor an outer_train checkpoint"),
-    (["--gin_param", "evaluate.max_extensions = -1"], "max_extensions must be an integer >= 0"),
+    (["--gin_param", "BaselineTuning.max_extensions = -1"], "max_extensions must be an integer >= 0"),
 ])
 def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_path, monkeypatch, flags, what):
     """--num_seeds 0 / --num_steps 0 used to crash after writing a partial results.csv."""

@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(ROOT, "scripts", "train.py")
 CONFIGS = {name: os.path.join(ROOT, "scripts", "configs", f"train_digits_{name}.gin") for name in ("adam", "mlplopt")}
 SMALL = ["ImageMLPTask.hidden_sizes = (8,)", "ImageMLPTask.batch_size = 32", "fit.num_steps = 6",
-         "fit.eval_every = 3", "fit.log_every = 2", "fit.checkpoint_every_steps = 2", "fit.checkpoints_at = (3,)",
+         "EvalPlan.every = 3", "fit.log_every = 2", "CheckpointPolicy.every_steps = 2",
+         "CheckpointPolicy.checkpoints_at = (3,)",
          "fit.ema_warmup_steps = 2", "fit.progress = False"]
 
 

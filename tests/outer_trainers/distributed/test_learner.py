@@ -32,7 +32,8 @@ def test_sync_mode_equals_local_outer_train(ray_local, tmp_path):
     make = functools.partial(quadratic_run, num_estimators=3)
     learner, ests = make()
     local_losses = []
-    local = ot.outer_train(learner, ests, num_steps=4, seed=3, progress=False, weights=[1.0, 2.0, 1.0],
+    local = ot.outer_train(learner, ests, num_steps=4, seed=3, reporting=ot.Reporting(progress=False),
+                           weights=[1.0, 2.0, 1.0],
                            callback=lambda s, st, m: local_losses.append(m["meta_loss"]))
     compiles = {}
 

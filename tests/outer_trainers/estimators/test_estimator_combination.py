@@ -31,7 +31,7 @@ def test_outer_train_with_pes_on_two_task_families():
             ot.NoiseReuseES(lopt_step(QuadraticFamily(3, noise_std=0.1), learned, sched), 4, 3)]
     seen = []
     state = ot.outer_train(ot.GradientLearner(learned, optax.adam(1e-2)), ests, 3, weights=[1.0, 2.0],
-                           progress=False, callback=lambda i, s, m: seen.append(m))
+                           reporting=ot.Reporting(progress=False), callback=lambda i, s, m: seen.append(m))
     assert state.step == 3 and len(seen) == 3
     per_estimator = [k for k in seen[-1] if k.startswith("meta_loss/")]
     assert len(per_estimator) == 2, sorted(seen[-1])

@@ -23,7 +23,7 @@ def learner():
 
 def test_schedule_swaps_estimators_every_period(learner):
     seen = []
-    state = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5, progress=False,
+    state = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5, reporting=ot.Reporting(progress=False),
                            callback=lambda step, st, m: seen.append(
                                st.estimator_states[0].inner_state.params["x"].shape[-1]))
     # steps 1-2 on dim 2, 3-4 on dim 3, 5 on dim 4
@@ -33,12 +33,15 @@ def test_schedule_swaps_estimators_every_period(learner):
 
 def test_schedule_resume_matches_a_straight_run(learner, tmp_path):
     policy = ot.CheckpointPolicy(every_steps=1, every_seconds=None)
-    straight = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5, progress=False)
+    straight = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5,
+                              reporting=ot.Reporting(progress=False))
     out = str(tmp_path / "run")
-    ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=4, output_dir=out, progress=False,
-                   checkpoint_policy=policy, tensorboard=False)
-    resumed = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5, output_dir=out, progress=False,
-                             checkpoint_policy=policy, tensorboard=False)
+    ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=4, output_dir=out,
+                   reporting=ot.Reporting(progress=False, tensorboard=False),
+                   checkpoint_policy=policy)
+    resumed = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5, output_dir=out,
+                             reporting=ot.Reporting(progress=False, tensorboard=False),
+                             checkpoint_policy=policy)
     assert resumed.step == 5
     chex.assert_trees_all_equal(resumed.theta, straight.theta)
 

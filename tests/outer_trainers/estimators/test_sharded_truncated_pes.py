@@ -122,10 +122,12 @@ def test_resume_from_checkpoint_on_four_devices(four_devices, tmp_path):
                               num_devices=4)
     learner = ot.GradientLearner(lo, optax.adam(0.02))
     policy = ot.CheckpointPolicy(every_steps=3, every_seconds=None, keep=2)
-    straight = ot.outer_train(learner, [est], 7, seed=5, progress=False)
+    straight = ot.outer_train(learner, [est], 7, seed=5, reporting=ot.Reporting(progress=False))
     out = str(tmp_path / "run")
-    ot.outer_train(learner, [est], 3, output_dir=out, seed=5, progress=False, checkpoint_policy=policy)
-    resumed = ot.outer_train(learner, [est], 7, output_dir=out, seed=5, progress=False, checkpoint_policy=policy)
+    ot.outer_train(learner, [est], 3, output_dir=out, seed=5, reporting=ot.Reporting(progress=False),
+                   checkpoint_policy=policy)
+    resumed = ot.outer_train(learner, [est], 7, output_dir=out, seed=5, reporting=ot.Reporting(progress=False),
+                             checkpoint_policy=policy)
     assert resumed.step == 7
     chex.assert_trees_all_equal(resumed.theta, straight.theta)
     leaf = jax.tree_util.tree_leaves(resumed.estimator_states[0].inner_state)[0]

@@ -40,8 +40,8 @@ def test_all_nan_estimates_are_dropped_and_theta_and_adam_state_stay(nan_pes, tm
     moved, _ = learner.update(state.learner_state, [ot.Estimate(ones, jnp.asarray(1.0))])  # Adam has momentum now
     state = state.replace(learner_state=moved)
     with pytest.warns(RuntimeWarning, match=rf"no valid inner step .*{LABEL} \(100.0% of its inner steps non-finite"):
-        out = ot.outer_train(learner, [nan_pes], 3, state=state, output_dir=str(tmp_path), progress=False,
-                             tensorboard=False, max_consecutive_dropped=None)
+        out = ot.outer_train(learner, [nan_pes], 3, state=state, output_dir=str(tmp_path),
+                             reporting=ot.Reporting(progress=False, tensorboard=False, max_consecutive_dropped=None))
     chex.assert_trees_all_equal(out.learner_state.theta, moved.theta)
     chex.assert_trees_all_equal(out.learner_state.opt_state, moved.opt_state)
     assert int(out.learner_state.step) == 1 and out.step == 3
@@ -56,7 +56,8 @@ def test_a_step_with_one_valid_estimate_applies_it_and_does_not_count_towards_di
     learner = ot.GradientLearner(LEARNED, optax.adam(0.1))
     seen = []
     with pytest.warns(RuntimeWarning, match="1 of 2 estimates"):
-        out = ot.outer_train(learner, [nan_pes, good_pes], 3, progress=False, max_consecutive_dropped=1,
+        out = ot.outer_train(learner, [nan_pes, good_pes], 3,
+                             reporting=ot.Reporting(progress=False, max_consecutive_dropped=1),
                              callback=lambda i, s, m: seen.append(m))
     assert int(out.learner_state.step) == 3
     assert [m["num_dropped"] for m in seen] == [1, 1, 1]
@@ -67,8 +68,9 @@ def test_consecutive_dropped_steps_stop_the_run_and_the_count_survives_a_resume(
     learner = ot.GradientLearner(LEARNED, optax.adam(0.1))
     out = str(tmp_path)
     policy = ot.CheckpointPolicy(every_steps=1, every_seconds=None, keep=10)
-    run = lambda n: ot.outer_train(learner, [nan_pes], n, output_dir=out, progress=False, tensorboard=False,
-                                   checkpoint_policy=policy, max_consecutive_dropped=3)
+    run = lambda n: ot.outer_train(learner, [nan_pes], n, output_dir=out,
+                                   reporting=ot.Reporting(progress=False, tensorboard=False, max_consecutive_dropped=3),
+                                   checkpoint_policy=policy)
     with pytest.warns(RuntimeWarning):
         assert run(2).step == 2  # two steps that applied nothing: below the limit
     with pytest.raises(MetaTrainingDiverged, match=rf"the 3 outer steps 1-3 .*{LABEL} \(100.0% of its inner steps "
@@ -86,6 +88,8 @@ def test_outer_train_refuses_bad_weights_and_limits_before_anything_is_written(g
                           ({"weights": [float("nan")]}, r"weights\[0\] = nan"),
                           ({"max_consecutive_dropped": 2.5}, "max_consecutive_dropped must be a whole number"),
                           ({"max_consecutive_dropped": 0}, "max_consecutive_dropped must be >= 1")]:
+        limits = {k: kwargs.pop(k) for k in list(kwargs) if k == "max_consecutive_dropped"}
         with pytest.raises(ValueError, match=match):
-            ot.outer_train(learner, [good_pes], 2, output_dir=str(tmp_path / "run"), progress=False, **kwargs)
+            ot.outer_train(learner, [good_pes], 2, output_dir=str(tmp_path / "run"),
+                           reporting=ot.Reporting(progress=False, **limits), **kwargs)
     assert not os.path.exists(tmp_path / "run")

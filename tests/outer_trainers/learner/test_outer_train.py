@@ -21,7 +21,8 @@ def quad_setup():
 def test_outer_train_lowers_meta_loss(quad_setup, tmp_path):
     lo, est = quad_setup
     learner = ot.GradientLearner(lo, optax.adam(0.1))
-    state = ot.outer_train(learner, [est], num_steps=30, output_dir=str(tmp_path), progress=False)
+    state = ot.outer_train(learner, [est], num_steps=30, output_dir=str(tmp_path),
+                           reporting=ot.Reporting(progress=False))
     lines = metrics_lines(tmp_path)
     assert len(lines) == 30 and lines[-1]["step"] == 30
     for k in ("meta_loss", "grad_norm", "theta_norm", "inner_steps_per_s", "num_dropped"):
@@ -54,17 +55,17 @@ def test_outer_train_lowers_meta_loss(quad_setup, tmp_path):
 def test_outer_train_same_seed_same_theta(quad_setup):
     lo, est = quad_setup
     learner = ot.GradientLearner(lo, optax.adam(0.1))
-    a = ot.outer_train(learner, [est], num_steps=3, seed=1, progress=False)
-    b = ot.outer_train(learner, [est], num_steps=3, seed=1, progress=False)
+    a = ot.outer_train(learner, [est], num_steps=3, seed=1, reporting=ot.Reporting(progress=False))
+    b = ot.outer_train(learner, [est], num_steps=3, seed=1, reporting=ot.Reporting(progress=False))
     np.testing.assert_array_equal(np.asarray(a.theta["log_lr"]), np.asarray(b.theta["log_lr"]))
 
 
 def test_outer_train_continues_from_state(quad_setup):
     lo, est = quad_setup
     learner = ot.GradientLearner(lo, optax.adam(0.1))
-    full = ot.outer_train(learner, [est], num_steps=4, seed=2, progress=False)
-    half = ot.outer_train(learner, [est], num_steps=2, seed=2, progress=False)
-    rest = ot.outer_train(learner, [est], num_steps=2, state=half, progress=False)
+    full = ot.outer_train(learner, [est], num_steps=4, seed=2, reporting=ot.Reporting(progress=False))
+    half = ot.outer_train(learner, [est], num_steps=2, seed=2, reporting=ot.Reporting(progress=False))
+    rest = ot.outer_train(learner, [est], num_steps=2, state=half, reporting=ot.Reporting(progress=False))
     assert rest.step == 4
     np.testing.assert_array_equal(np.asarray(full.theta["log_lr"]), np.asarray(rest.theta["log_lr"]))
 
@@ -93,7 +94,8 @@ def tiny():
 def test_tensorboard_and_jsonl_carry_the_same_scalars(tiny, tmp_path, capsys):
     lo, est, evaluator = tiny
     learner = ot.GradientLearner(lo, optax.adam(0.05))
-    ot.outer_train(learner, [est], 4, output_dir=str(tmp_path), progress="log", meta_evaluator=evaluator,
+    ot.outer_train(learner, [est], 4, output_dir=str(tmp_path), reporting=ot.Reporting(progress="log"),
+                   meta_evaluator=evaluator,
                    eval_every=2)
     lines = metrics_lines(tmp_path)
     tb = read_event_scalars(str(tmp_path / "tb"))
@@ -142,7 +144,8 @@ def test_nonfinite_estimates_are_dropped_counted_and_logged(tiny, tmp_path):
     lo, est, _ = tiny
     learner = ot.GradientLearner(lo, optax.adam(0.05))
     with pytest.warns(RuntimeWarning, match="non-finite meta-loss or gradient"):
-        state = ot.outer_train(learner, [NaNOnOddSteps(est)], 6, output_dir=str(tmp_path), progress=False)
+        state = ot.outer_train(learner, [NaNOnOddSteps(est)], 6, output_dir=str(tmp_path),
+                               reporting=ot.Reporting(progress=False))
     assert state.step == 6 and int(state.learner_state.step) == 3  # only the finite updates applied
     assert np.isfinite(float(state.theta["log_lr"]))
     lines = metrics_lines(tmp_path)
@@ -158,7 +161,7 @@ def test_theta_from_checkpoint_of_an_averaging_run_is_its_average_or_with_last_i
     at that step, and which="last" gives theta itself (theta_last.msgpack)."""
     lo, est, _ = tiny
     learner = ot.GradientLearner(lo, optax.adam(0.1), theta_ema=0.5)
-    state = ot.outer_train(learner, [est], 3, output_dir=str(tmp_path), progress=False)
+    state = ot.outer_train(learner, [est], 3, output_dir=str(tmp_path), reporting=ot.Reporting(progress=False))
     path = str(sorted((tmp_path / "checkpoints").glob("ckpt_*.msgpack"))[-1])
     _, avg = ot.theta_from_checkpoint(path)
     _, last = ot.theta_from_checkpoint(path, which="last")
@@ -174,7 +177,7 @@ def test_theta_from_checkpoint_is_the_runs_theta(tiny, tmp_path):
     file that is not an outer_train checkpoint is refused with the reason."""
     lo, est, _ = tiny
     learner = ot.GradientLearner(lo, optax.adam(0.1))
-    state = ot.outer_train(learner, [est], 3, output_dir=str(tmp_path), progress=False)
+    state = ot.outer_train(learner, [est], 3, output_dir=str(tmp_path), reporting=ot.Reporting(progress=False))
     path = sorted((tmp_path / "checkpoints").glob("ckpt_*.msgpack"))[-1]
     got_lo, theta = ot.theta_from_checkpoint(str(path))
     assert got_lo.name == lo.name and got_lo.config() == lo.config()

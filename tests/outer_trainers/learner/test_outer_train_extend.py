@@ -33,8 +33,8 @@ def _files(root) -> dict:
 
 
 def _train(learner, ests, num_steps, out=None, **kwargs):
-    return ot.outer_train(learner, ests, num_steps, output_dir=out, seed=3, progress=False, checkpoint_policy=POLICY,
-                          tensorboard=False, **kwargs)
+    return ot.outer_train(learner, ests, num_steps, output_dir=out, seed=3,
+                          reporting=ot.Reporting(progress=False, tensorboard=False), checkpoint_policy=POLICY, **kwargs)
 
 
 def test_a_finished_run_extended_equals_a_run_started_longer(setup, tmp_path):
@@ -86,7 +86,7 @@ def test_the_ray_learner_refuses_a_bad_extension_before_ray_starts(tmp_path, mon
     import outer_trainers.distributed.learner as distributed
     learner, ests = quadratic_run(num_estimators=1)
     out = str(tmp_path / "run")
-    ot.outer_train(learner, ests, 3, output_dir=out, seed=0, progress=False, tensorboard=False)
+    ot.outer_train(learner, ests, 3, output_dir=out, seed=0, reporting=ot.Reporting(progress=False, tensorboard=False))
     before = _files(out)
     monkeypatch.setattr(distributed, "connect_ray", lambda *a, **k: pytest.fail("Ray was started"))
     with pytest.raises(ValueError, match=r"to num_steps=2: it has already taken 3 steps"):

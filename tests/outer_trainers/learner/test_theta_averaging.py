@@ -1,6 +1,6 @@
 """Theta averaging (`GradientLearner(theta_ema=d)`, `train.theta_ema`): the moving average kept in the
 learner's state, hand-computed; resumed bit for bit; the run's result (theta_final) when enabled;
-nothing changed without it; refused on Ray."""
+nothing changed without it (with Ray workers: tests/outer_trainers/distributed/test_averaging_and_validation.py)."""
 import os
 
 import chex
@@ -15,7 +15,6 @@ import lopt
 import outer_trainers as ot
 import tasks
 from outer_trainers.learner import gin_run
-from outer_trainers.learner.meta_training_run import check_run_arguments
 from outer_trainers.runs.checkpoint_files import read
 from outer_trainers.runs.checkpoint_manager import CheckpointManager
 from tests.fixtures import lopt_step
@@ -66,8 +65,9 @@ def _train(tiny, num_steps, output_dir=None, ema=0.8, callback=None):
     lo, est = tiny
     learner = ot.GradientLearner(lo, optax.adam(0.05), theta_ema=ema)
     policy = ot.CheckpointPolicy(every_steps=1, every_seconds=None, keep=20)
-    return ot.outer_train(learner, [est], num_steps, output_dir=output_dir, progress=False, seed=3,
-                          checkpoint_policy=policy if output_dir else None, callback=callback, tensorboard=False)
+    return ot.outer_train(learner, [est], num_steps, output_dir=output_dir,
+                          reporting=ot.Reporting(progress=False, tensorboard=False), seed=3,
+                          checkpoint_policy=policy if output_dir else None, callback=callback)
 
 
 def test_a_runs_average_is_the_ema_of_its_thetas_and_its_result(tiny, tmp_path):
@@ -118,11 +118,3 @@ def test_gin_train_uses_the_average(tmp_path):
     assert state.learner_state.theta_avg is not None
     final = lopt.load_theta(str(tmp_path / "theta_final.msgpack"))
     np.testing.assert_array_equal(final["log_lr"], state.learner_state.theta_avg["log_lr"])
-
-
-def test_averaging_is_refused_on_ray():
-    with pytest.raises(ValueError, match="train.theta_ema.*Ray workers"):
-        check_run_arguments(num_workers=2, theta_ema=0.9, workers=object())
-    make_run = lambda: (ot.GradientLearner(lopt.LearnableSGD(1e-2), optax.sgd(1.0), theta_ema=0.9), [object()])
-    with pytest.raises(ValueError, match="cannot average theta"):
-        ot.ray_outer_train(make_run, 2, num_workers=1)

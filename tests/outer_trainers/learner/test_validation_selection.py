@@ -20,7 +20,6 @@ import outer_trainers as ot
 import tasks
 from outer_trainers.evaluation import final_loss, lr_grid, run_fixed, run_settings, task_draws
 from outer_trainers.learner import gin_run, validation_selection as vs
-from outer_trainers.learner.meta_training_run import check_run_arguments
 from outer_trainers.learner.run_settings import Validation
 from tests.fixtures import TINY_RUN_GIN, lopt_step, metrics_lines
 
@@ -162,7 +161,8 @@ def _train(tiny, num_steps, output_dir, validation, every=1, callback=None, **kw
     lo, est = tiny
     learner = ot.GradientLearner(lo, optax.adam(0.05), theta_ema=kw.pop("theta_ema", None))
     policy = ot.CheckpointPolicy(every_steps=kw.pop("checkpoint_every", 1), every_seconds=None, keep=20)
-    return ot.outer_train(learner, [est], num_steps, output_dir=output_dir, progress=False, seed=3, tensorboard=False,
+    return ot.outer_train(learner, [est], num_steps, output_dir=output_dir,
+                          reporting=ot.Reporting(progress=False, tensorboard=False), seed=3,
                           checkpoint_policy=policy, callback=callback, validation=validation, validation_every=every,
                           **kw)
 
@@ -315,9 +315,18 @@ def test_gin_validation_bindings_are_checked(kw, match):
         Validation(**kw)
 
 
-def test_validation_is_refused_with_ray_workers():
-    with pytest.raises(ValueError, match="local meta-training only.*Ray workers"):
-        check_run_arguments(num_workers=2, workers=object(), validation=Validation(every=2, suite="smoke"))
+def test_baselines_handed_in_are_used_and_another_keys_refused(cached, monkeypatch):
+    """A Ray evaluation actor's selector: the learner hands it the cached document; it trains nothing."""
+    sel, path = cached
+    monkeypatch.setattr(vs, "run_task", lambda *a, **k: pytest.fail("the baseline was trained again"))
+    actor = _selector()
+    assert actor.baseline_document() is None
+    actor.use_baselines(sel.read_cache(path))
+    m, m0 = actor(_theta(0.1)), sel(_theta(0.1))
+    assert actor.baseline_computations == 0 and actor.baseline_document()["key"] == sel.cache_key()
+    assert {k: v for k, v in m.items() if k != "valid/seconds"} == {k: v for k, v in m0.items() if k != "valid/seconds"}
+    with pytest.raises(ValueError, match=r"another cache key.*lrs"):
+        _selector(lrs=np.logspace(-5, -1, 9)).use_baselines(sel.baseline_document())
 
 
 def test_a_suite_brings_its_budgets_and_seeds_and_keys_its_static_configs():

@@ -32,7 +32,8 @@ def main(out, num_steps, kill_at=None, extend=False):
         if kill_at is not None and step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    ot.outer_train(learner, ests, num_steps, output_dir=out, seed=3, progress=False, callback=callback,
+    ot.outer_train(learner, ests, num_steps, output_dir=out, seed=3, reporting=ot.Reporting(progress=False),
+                   callback=callback,
                    checkpoint_policy=ot.CheckpointPolicy(every_steps=5, every_seconds=None, keep=2), extend=extend)
 
 

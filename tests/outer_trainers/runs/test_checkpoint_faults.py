@@ -35,7 +35,8 @@ def reference(setup, tmp_path_factory):
     """An uninterrupted run of STEPS steps with checkpoints at steps 2, 4 and 6: (its directory, its final state)."""
     learner, ests = setup
     out = str(tmp_path_factory.mktemp("reference") / "run")
-    state = ot.outer_train(learner, ests, STEPS, output_dir=out, seed=3, progress=False, checkpoint_policy=POLICY)
+    state = ot.outer_train(learner, ests, STEPS, output_dir=out, seed=3, reporting=ot.Reporting(progress=False),
+                           checkpoint_policy=POLICY)
     return out, state
 
 
@@ -58,7 +59,8 @@ def _copy(reference, tmp_path) -> str:
 
 def _run(setup, out, num_steps=STEPS, policy=POLICY, **kwargs):
     learner, ests = setup
-    return ot.outer_train(learner, ests, num_steps, output_dir=out, seed=3, progress=False, checkpoint_policy=policy,
+    return ot.outer_train(learner, ests, num_steps, output_dir=out, seed=3, reporting=ot.Reporting(progress=False),
+                          checkpoint_policy=policy,
                           **kwargs)
 
 

@@ -39,19 +39,22 @@ def _theta_bytes(path):
 def test_resume_in_process_is_exact_and_truncates_metrics(setup, tmp_path):
     learner, ests = setup
     policy = ot.CheckpointPolicy(every_steps=5, keep=2, **NO_TIME)
-    straight = ot.outer_train(learner, ests, 8, seed=3, progress=False)
+    straight = ot.outer_train(learner, ests, 8, seed=3, reporting=ot.Reporting(progress=False))
     out = str(tmp_path / "run")
-    ot.outer_train(learner, ests, 5, output_dir=out, seed=3, progress=False, checkpoint_policy=policy)
+    ot.outer_train(learner, ests, 5, output_dir=out, seed=3, reporting=ot.Reporting(progress=False),
+                   checkpoint_policy=policy)
     # a killed run leaves lines past its last checkpoint, one of them cut short
     with open(os.path.join(out, "metrics.jsonl"), "a") as f:
         f.write(json.dumps({"step": 6, "meta_loss": 1.0}) + "\n" + '{"step": 7, "meta_')
-    resumed = ot.outer_train(learner, ests, 8, output_dir=out, seed=3, progress=False, checkpoint_policy=policy)
+    resumed = ot.outer_train(learner, ests, 8, output_dir=out, seed=3, reporting=ot.Reporting(progress=False),
+                             checkpoint_policy=policy)
     assert resumed.step == 8
     chex.assert_trees_all_equal(resumed.theta, straight.theta)
     chex.assert_trees_all_equal(resumed.learner_state.opt_state, straight.learner_state.opt_state)
     assert _steps(os.path.join(out, "metrics.jsonl")) == list(range(1, 9))
     # re-running a finished run trains nothing and keeps the result
-    again = ot.outer_train(learner, ests, 8, output_dir=out, seed=3, progress=False, checkpoint_policy=policy)
+    again = ot.outer_train(learner, ests, 8, output_dir=out, seed=3, reporting=ot.Reporting(progress=False),
+                           checkpoint_policy=policy)
     assert again.step == 8
     chex.assert_trees_all_equal(again.theta, straight.theta)
 
@@ -78,7 +81,8 @@ def test_partial_and_corrupt_checkpoints_are_ignored(setup, tmp_path):
     learner, ests = setup
     policy = ot.CheckpointPolicy(every_steps=2, keep=5, **NO_TIME)
     out = tmp_path / "run"
-    ot.outer_train(learner, ests, 4, output_dir=str(out), seed=0, progress=False, checkpoint_policy=policy)
+    ot.outer_train(learner, ests, 4, output_dir=str(out), seed=0, reporting=ot.Reporting(progress=False),
+                   checkpoint_policy=policy)
     ck = out / "checkpoints"
     good = (ck / "ckpt_00000004.msgpack").read_bytes()
     (ck / ".tmp-abcckpt_00000006.msgpack").write_bytes(good[: len(good) // 2])  # killed mid-write
@@ -87,7 +91,7 @@ def test_partial_and_corrupt_checkpoints_are_ignored(setup, tmp_path):
     with pytest.warns(UserWarning, match="unreadable checkpoint"):
         assert mgr.latest().endswith("ckpt_00000004.msgpack")
     with pytest.warns(UserWarning, match="unreadable checkpoint"):
-        state = ot.outer_train(learner, ests, 4, output_dir=str(out), seed=0, progress=False,
+        state = ot.outer_train(learner, ests, 4, output_dir=str(out), seed=0, reporting=ot.Reporting(progress=False),
                                checkpoint_policy=policy)
     assert state.step == 4
 
@@ -96,7 +100,8 @@ def test_keep_last_k_and_permanent(setup, tmp_path):
     learner, ests = setup
     policy = ot.CheckpointPolicy(every_steps=1, keep=2, checkpoints_at=(2,), permanent_every=5, **NO_TIME)
     out = tmp_path / "run"
-    ot.outer_train(learner, ests, 7, output_dir=str(out), seed=0, progress=False, checkpoint_policy=policy)
+    ot.outer_train(learner, ests, 7, output_dir=str(out), seed=0, reporting=ot.Reporting(progress=False),
+                   checkpoint_policy=policy)
     mgr = ot.CheckpointManager(str(out / "checkpoints"), policy)
     assert [s for s, _ in mgr.list("rolling")] == [6, 7]
     assert [s for s, _ in mgr.list("permanent")] == [2, 5]
@@ -115,7 +120,8 @@ def test_best_checkpoints_by_metric(setup, tmp_path):
     evaluator = lambda theta, it=iter(values.values()): {"eval/final_loss": next(it)}
     out = tmp_path / "run"
     policy = ot.CheckpointPolicy(best_metric="eval/final_loss", best_mode="min", keep_best=2, **NO_TIME)
-    ot.outer_train(learner, ests, 10, output_dir=str(out), seed=0, progress=False, checkpoint_policy=policy,
+    ot.outer_train(learner, ests, 10, output_dir=str(out), seed=0, reporting=ot.Reporting(progress=False),
+                   checkpoint_policy=policy,
                    meta_evaluator=evaluator, eval_every=2)
     mgr = ot.CheckpointManager(str(out / "checkpoints"), policy)
     assert [s for s, _ in mgr.list("best")] == [4, 8]
@@ -134,18 +140,21 @@ def test_mismatched_architecture_or_config_fails(setup, tmp_path):
     learner, ests = setup
     out = str(tmp_path / "run")
     policy = ot.CheckpointPolicy(every_steps=1, **NO_TIME)
-    ot.outer_train(learner, ests, 1, output_dir=out, progress=False, checkpoint_policy=policy,
+    ot.outer_train(learner, ests, 1, output_dir=out, reporting=ot.Reporting(progress=False), checkpoint_policy=policy,
                    config={"gin_bindings": ["TruncatedPES.std = 0.05"]})
     other_lr = ot.GradientLearner(lopt.LearnableSGD(3e-2), optax.adam(0.05))
     with pytest.raises(ValueError, match=r"lopt_config \(learning_rate: saved 0.01, here 0.03"):
-        ot.outer_train(other_lr, ests, 2, output_dir=out, progress=False, checkpoint_policy=policy,
+        ot.outer_train(other_lr, ests, 2, output_dir=out, reporting=ot.Reporting(progress=False),
+                       checkpoint_policy=policy,
                        config={"gin_bindings": ["TruncatedPES.std = 0.05"]})
     other_arch = ot.GradientLearner(lopt.LearnableSGDM(1e-2), optax.adam(0.05))
     with pytest.raises(ValueError, match="architecture.*LearnableSGD.*LearnableSGDM"):
-        ot.outer_train(other_arch, ests, 2, output_dir=out, progress=False, checkpoint_policy=policy,
+        ot.outer_train(other_arch, ests, 2, output_dir=out, reporting=ot.Reporting(progress=False),
+                       checkpoint_policy=policy,
                        config={"gin_bindings": ["TruncatedPES.std = 0.05"]})
     with pytest.raises(ValueError, match=r"only in checkpoint: \['TruncatedPES.std = 0.05'\]"):
-        ot.outer_train(learner, ests, 2, output_dir=out, progress=False, checkpoint_policy=policy,
+        ot.outer_train(learner, ests, 2, output_dir=out, reporting=ot.Reporting(progress=False),
+                       checkpoint_policy=policy,
                        config={"gin_bindings": ["TruncatedPES.std = 0.1"]})
     # a state of another shape is named too, even when the metadata agrees
     mgr = ot.CheckpointManager(os.path.join(out, "checkpoints"))

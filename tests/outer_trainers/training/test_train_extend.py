@@ -20,7 +20,7 @@ from outer_trainers.runs.run_checkpoints import config_history
 from tests.fixtures import metrics_lines
 
 QUAD = tasks.QuadraticFamily(dim=4).task_fn(tasks.QuadraticFamily(dim=4).sample(jax.random.key(0)))
-KW = dict(eval_every=10, chunk_size=8, tensorboard=False, ema_decay=0.9)
+KW = dict(evaluation=ot.EvalPlan(every=10), options=ot.LoopOptions(chunk_size=8, tensorboard=False), ema_decay=0.9)
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "train_job.py")
 
 

@@ -15,9 +15,10 @@ import lopt
 import outer_trainers as ot
 import tasks
 from outer_trainers.runs.summaries import read_event_scalars
-from outer_trainers.training.train_eval import Evaluation
+from outer_trainers.training.train_eval import EvalPlan, Evaluation
 from outer_trainers.runs.summaries import Progress
 from outer_trainers.training.train_loop import TRAIN_PROGRESS_FIELDS, param_count, train_loop
+from outer_trainers.training.train_setup import LoopOptions
 from outer_trainers.training.train_state import ema_decay_at
 from tests.fixtures import metrics_lines
 
@@ -41,7 +42,7 @@ def _run(loop):
 
 
 def test_evaluates_a_data_free_task_at_the_requested_steps():
-    r = ot.train_model(QUAD, optax.adam(0.1), 10, eval_every=4, eval_at=(1,))
+    r = ot.train_model(QUAD, optax.adam(0.1), 10, evaluation=ot.EvalPlan(every=4, at=(1,)))
     np.testing.assert_array_equal(r.eval_steps, [1, 4, 8, 10])
     assert list(r.evals) == ["eval/test/loss"]
     np.testing.assert_allclose(r.evals["eval/test/loss"][-1], QUAD.loss(r.state.params, None, None), rtol=1e-6)
@@ -53,8 +54,9 @@ def test_evaluates_at_the_requested_steps_with_loss_accuracy_and_ema(mlp, tmp_pa
     out = str(tmp_path / "run")
     other = Evaluation("train", "small_batches", task=tasks.ImageMLPTask("digits", (8,), batch_size=16), num_batches=2)
     r = ot.train_model(mlp, optax.adam(1e-2), 12, ema_decay=0.9,
-                       evals=["test", Evaluation("outer_valid", "ov"), other],
-                       eval_every=4, eval_at=(0, 2), output_dir=out, log_every=100, tensorboard=False)
+                       evaluation=ot.EvalPlan(evals=["test", Evaluation("outer_valid", "ov"), other], every=4,
+                                              at=(0, 2)), output_dir=out,
+                       options=ot.LoopOptions(log_every=100, tensorboard=False))
     np.testing.assert_array_equal(r.eval_steps, [0, 2, 4, 8, 12])
     names = {f"{p}/{label}/{m}" for p in ("eval", "eval_ema") for label in ("test", "ov", "small_batches")
              for m in ("loss", "accuracy")}
@@ -87,14 +89,16 @@ def test_evaluates_at_the_requested_steps_with_loss_accuracy_and_ema(mlp, tmp_pa
 def test_permanent_checkpoints_are_kept_while_rolling_ones_rotate(tmp_path):
     policy = ot.CheckpointPolicy(every_steps=2, keep=2, checkpoints_at=(3,), permanent_every=4, **NO_TIME)
     out = tmp_path / "run"
-    ot.train_model(QUAD, optax.adam(0.1), 10, output_dir=str(out), checkpoint_policy=policy, tensorboard=False)
+    ot.train_model(QUAD, optax.adam(0.1), 10, output_dir=str(out), checkpoint_policy=policy,
+                   options=ot.LoopOptions(tensorboard=False))
     mgr = ot.CheckpointManager(str(out / "checkpoints"), policy)
     assert [s for s, _ in mgr.list("rolling")] == [8, 10]
     assert [s for s, _ in mgr.list("permanent")] == [3, 4, 8]
 
 
 def test_resume_restores_eval_history_and_ema_and_refuses_another_run(tmp_path):
-    kw = dict(ema_decay=0.8, ema_warmup_steps=3, eval_every=3, chunk_size=4, tensorboard=False,
+    kw = dict(ema_decay=0.8, ema_warmup_steps=3, evaluation=ot.EvalPlan(every=3),
+              options=ot.LoopOptions(chunk_size=4, tensorboard=False),
               checkpoint_policy=ot.CheckpointPolicy(every_steps=4, keep=5, **NO_TIME))
     straight = ot.train_model(QUAD, optax.adam(0.05), 10, **kw)
     out = tmp_path / "run"
@@ -107,13 +111,14 @@ def test_resume_restores_eval_history_and_ema_and_refuses_another_run(tmp_path):
     chex.assert_trees_all_equal(resumed.evals, straight.evals)
     assert [line["step"] for line in metrics_lines(out)] == [0, 3, 6, 9, 10]  # the killed session's lines past 4 dropped
     with pytest.raises(ValueError, match="eval_steps"):
-        ot.train_model(QUAD, optax.adam(0.05), 10, output_dir=str(out), **dict(kw, eval_every=5))
+        ot.train_model(QUAD, optax.adam(0.05), 10, output_dir=str(out), **dict(kw, evaluation=ot.EvalPlan(every=5)))
 
 
 @pytest.mark.slow
 def test_tensorboard_has_train_eval_throughput_and_model_tags(mlp, tmp_path):
     out = str(tmp_path / "run")
-    ot.train_model(mlp, optax.sgd(0.1), 6, ema_decay=0.5, eval_every=3, log_every=2, output_dir=out)
+    ot.train_model(mlp, optax.sgd(0.1), 6, ema_decay=0.5, evaluation=ot.EvalPlan(every=3),
+                   options=ot.LoopOptions(log_every=2), output_dir=out)
     scalars = read_event_scalars(os.path.join(out, "tb"))
     for tag in ("train/loss", "train/grad_norm", "train/param_norm", "train/steps_per_s", "train/examples_per_s",
                 "train/examples_per_s_per_device", "eval/test/loss", "eval/test/accuracy", "eval_ema/test/loss",
@@ -129,9 +134,10 @@ def test_tensorboard_has_train_eval_throughput_and_model_tags(mlp, tmp_path):
 def test_generator_yields_states_at_the_right_steps_and_callbacks_run_at_eval_and_checkpoint_steps(tmp_path):
     calls = []
     policy = ot.CheckpointPolicy(every_steps=5, keep=3, **NO_TIME)
-    loop = train_loop(QUAD, optax.adam(0.1), 10, yield_every=3, eval_every=4, eval_at=(0,), output_dir=str(tmp_path),
-                      checkpoint_policy=policy, tensorboard=False,
-                      callbacks=[lambda step, state, metrics: calls.append((step, int(state.step), sorted(metrics)))])
+    callback = lambda step, state, metrics: calls.append((step, int(state.step), sorted(metrics)))
+    loop = train_loop(QUAD, optax.adam(0.1), 10, evaluation=EvalPlan(every=4, at=(0,)), output_dir=str(tmp_path),
+                      checkpoint_policy=policy,
+                      options=LoopOptions(yield_every=3, tensorboard=False, callbacks=[callback]))
     states, result = _run(loop)
     assert [int(s.step) for s in states] == [3, 6, 9, 10]
     chex.assert_trees_all_equal(states[-1], result.state)
@@ -144,14 +150,15 @@ def test_generator_yields_states_at_the_right_steps_and_callbacks_run_at_eval_an
 
 def test_leaving_the_generator_early_keeps_its_checkpoint_and_a_rerun_resumes(tmp_path):
     policy = ot.CheckpointPolicy(every_steps=4, keep=3, **NO_TIME)
-    kw = dict(output_dir=str(tmp_path), checkpoint_policy=policy, tensorboard=False)
-    loop = train_loop(QUAD, optax.adam(0.1), 12, yield_every=4, **kw)
+    kw = dict(output_dir=str(tmp_path), checkpoint_policy=policy)
+    loop = train_loop(QUAD, optax.adam(0.1), 12, options=LoopOptions(yield_every=4, tensorboard=False), **kw)
     for state in loop:
         if int(state.step) == 8:
             break
     loop.close()
     assert os.path.exists(tmp_path / "checkpoints" / "ckpt_00000008.msgpack")
-    states, result = _run(train_loop(QUAD, optax.adam(0.1), 12, yield_every=4, **kw))
+    states, result = _run(train_loop(QUAD, optax.adam(0.1), 12, options=LoopOptions(yield_every=4, tensorboard=False),
+                                     **kw))
     assert [int(s.step) for s in states] == [12]
     np.testing.assert_array_equal(result.losses, ot.train_model(QUAD, optax.adam(0.1), 12).losses)
 
@@ -160,8 +167,8 @@ def test_ema_warmup_ramps_the_decay_in():
     np.testing.assert_allclose([ema_decay_at(t, 0.9, 4) for t in (1, 2, 4, 8)], [0.225, 0.45, 0.9, 0.9])
     assert float(ema_decay_at(1, 0.9)) == pytest.approx(0.9)
     tx = optax.sgd(0.1)
-    one = ot.train_model(QUAD, tx, 1, ema_decay=0.9, ema_warmup_steps=4, evals=())
-    init = ot.train_model(QUAD, tx, 0, evals=()).state.params
+    one = ot.train_model(QUAD, tx, 1, ema_decay=0.9, ema_warmup_steps=4, evaluation=ot.EvalPlan(evals=()))
+    init = ot.train_model(QUAD, tx, 0, evaluation=ot.EvalPlan(evals=())).state.params
     want = jax.tree_util.tree_map(lambda e, p: 0.225 * e + 0.775 * p, init, one.state.params)
     chex.assert_trees_all_close(one.state.ema_params, want, rtol=1e-6)
     assert np.isnan(one.eval_loss) and one.evals == {}
@@ -178,8 +185,9 @@ def test_a_flax_classifier_gets_accuracy_and_a_learned_optimizer_trains_it(mlp):
     loss = lambda logits, batch: tasks.softmax_cross_entropy(logits, batch["label"])
     lo = lopt.MLPLOpt()
     tx = lo.opt_fn(lo.init(jax.random.key(0)), num_steps=8)
-    r = ot.train_model(_Linear(), tx, 8, loss_fn=loss, data=mlp.data, eval_at=(0,),
-                       metrics={"top_logit": lambda logits, batch: logits.max(-1).mean()})
+    r = ot.train_model(_Linear(), tx, 8, loss_fn=loss, data=mlp.data,
+                       evaluation=ot.EvalPlan(at=(0,),
+                                              metrics={"top_logit": lambda logits, batch: logits.max(-1).mean()}))
     assert set(r.evals) == {"eval/test/loss", "eval/test/accuracy", "eval/test/top_logit"}
     assert np.all(np.isfinite(r.losses)) and 0.0 <= r.evals["eval/test/accuracy"][-1] <= 1.0
 
@@ -201,23 +209,24 @@ def test_param_count_and_progress_log_lines(capsys):
 def test_bad_arguments_fail_with_a_clear_message(mlp):
     tx = optax.adam(0.1)
     with pytest.raises(ValueError, match="eval_every must be >= 1"):
-        ot.train_model(QUAD, tx, 4, eval_every=0)
+        ot.train_model(QUAD, tx, 4, evaluation=ot.EvalPlan(every=0))
     with pytest.raises(ValueError, match=r"eval_at steps must lie in \[0, num_steps=4\]"):
-        ot.train_model(QUAD, tx, 4, eval_at=(5,))
+        ot.train_model(QUAD, tx, 4, evaluation=ot.EvalPlan(at=(5,)))
     with pytest.raises(ValueError, match="unknown split 'bogus'.*'digits' has splits"):
-        ot.train_model(mlp, tx, 4, evals=["test", "bogus"])
+        ot.train_model(mlp, tx, 4, evaluation=ot.EvalPlan(evals=["test", "bogus"]))
     with pytest.raises(ValueError, match="labels must be unique"):
-        ot.train_model(mlp, tx, 4, evals=["test", Evaluation("outer_valid", "test")])
+        ot.train_model(mlp, tx, 4, evaluation=ot.EvalPlan(evals=["test", Evaluation("outer_valid", "test")]))
     with pytest.raises(ValueError, match="best_metric 'eval/nope' is not a logged metric"):
         ot.train_model(QUAD, tx, 4, checkpoint_policy=ot.CheckpointPolicy(best_metric="eval/nope"))
     with pytest.raises(ValueError, match="params differ in structure"):
-        ot.train_model(mlp, tx, 4, evals=[Evaluation("test", "wide", task=tasks.ImageMLPTask("digits", (9,)))])
+        wide = Evaluation("test", "wide", task=tasks.ImageMLPTask("digits", (9,)))
+        ot.train_model(mlp, tx, 4, evaluation=ot.EvalPlan(evals=[wide]))
     with pytest.raises(ValueError, match="ema_decay must be in"):
         ot.train_model(QUAD, tx, 4, ema_decay=1.0)
     with pytest.raises(ValueError, match="yield_every must be >= 1"):
-        train_loop(QUAD, tx, 4, yield_every=0)  # raised at the call, before any iteration
+        train_loop(QUAD, tx, 4, options=LoopOptions(yield_every=0))  # raised at the call, before any iteration
     with pytest.raises(TypeError, match="iterate train_loop"):
-        ot.train_model(QUAD, tx, 4, yield_every=2)
+        ot.train_model(QUAD, tx, 4, options=ot.LoopOptions(yield_every=2))
 
 
 def _comparable(line):
@@ -250,11 +259,12 @@ def test_resume_after_sigkill_is_bit_identical_with_ema_and_eval_history(tmp_pat
 
 def test_a_new_run_refuses_another_runs_results_unless_overwrite(tmp_path):
     out = str(tmp_path / "run")
-    first = ot.train_model(QUAD, optax.adam(0.1), 4, output_dir=out, tensorboard=False)
+    first = ot.train_model(QUAD, optax.adam(0.1), 4, output_dir=out, options=ot.LoopOptions(tensorboard=False))
     before = open(os.path.join(out, "metrics.jsonl")).read()
     with pytest.raises(ValueError, match="holds the results of a run"):
         ot.train_model(QUAD, optax.adam(0.1), 4, output_dir=out, resume=False)
     assert open(os.path.join(out, "metrics.jsonl")).read() == before  # a refused start changes nothing
-    again = ot.train_model(QUAD, optax.adam(0.1), 4, output_dir=out, tensorboard=False, overwrite=True, seed=1)
+    again = ot.train_model(QUAD, optax.adam(0.1), 4, output_dir=out, options=ot.LoopOptions(tensorboard=False),
+                           overwrite=True, seed=1)
     assert not np.array_equal(again.losses, first.losses)
     assert open(os.path.join(out, "metrics.jsonl")).read() != before

@@ -28,13 +28,14 @@ def test_baseline_and_learned_optimizers_train_a_task():
 
 
 def test_checkpoint_resume_matches_a_straight_run(tmp_path):
-    straight = ot.train_model(TASK, optax.adam(0.05), 12, seed=2, chunk_size=4)
+    straight = ot.train_model(TASK, optax.adam(0.05), 12, seed=2, options=ot.LoopOptions(chunk_size=4))
     ck = str(tmp_path / "ck")
-    ot.train_model(TASK, optax.adam(0.05), 12, seed=2, chunk_size=4, checkpoint_dir=ck, checkpoint_every=4, keep=5)
+    ot.train_model(TASK, optax.adam(0.05), 12, seed=2, options=ot.LoopOptions(chunk_size=4), checkpoint_dir=ck,
+                   checkpoint_every=4, keep=5)
     os.remove(os.path.join(ck, "ckpt_00000012.msgpack"))  # as if killed after step 8
     os.remove(os.path.join(ck, "ckpt_00000008.msgpack"))
-    resumed = ot.train_model(TASK, optax.adam(0.05), 12, seed=2, chunk_size=4, checkpoint_dir=ck,
-                             checkpoint_every=4)
+    resumed = ot.train_model(TASK, optax.adam(0.05), 12, seed=2, options=ot.LoopOptions(chunk_size=4),
+                             checkpoint_dir=ck, checkpoint_every=4)
     np.testing.assert_array_equal(resumed.losses, straight.losses)
     chex.assert_trees_all_equal(resumed.state.params, straight.state.params)
 
@@ -55,7 +56,8 @@ def test_data_parallel_over_four_devices_matches_one_device():
     sharding = data_parallel_sharding(data)
     assert sharding is not None and sharding.mesh.size == 4
     other = Evaluation("outer_valid", "ov", data=tasks.get_dataset("digits", 16), num_batches=2)
-    kw = dict(loss_fn=loss, data=data, seed=0, ema_decay=0.9, evals=["test", other], eval_every=5, chunk_size=4)
+    kw = dict(loss_fn=loss, data=data, seed=0, ema_decay=0.9, evaluation=ot.EvalPlan(evals=["test", other], every=5),
+              options=ot.LoopOptions(chunk_size=4))
     dp = ot.train_model(model, optax.adam(1e-2), 10, **kw)
     one = ot.train_model(model, optax.adam(1e-2), 10, devices=jax.local_devices()[:1], **kw)
     assert len(jax.tree_util.tree_leaves(dp.state.params)[0].sharding.device_set) == 4

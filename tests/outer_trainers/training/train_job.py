@@ -19,7 +19,9 @@ import optax
 
 import tasks
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
+from outer_trainers.training.train_eval import EvalPlan
 from outer_trainers.training.train_loop import run_to_end, train_loop
+from outer_trainers.training.train_setup import LoopOptions
 
 
 def main(out, num_steps, kill_at=None, extend=False):
@@ -30,8 +32,9 @@ def main(out, num_steps, kill_at=None, extend=False):
     task = tasks.ImageMLPTask("digits", (8,), batch_size=16)
     policy = CheckpointPolicy(every_steps=5, every_seconds=None, keep=2, checkpoints_at=(8,))
     loop = train_loop(task, optax.adam(1e-2), num_steps, seed=3, ema_decay=0.9, ema_warmup_steps=6,
-                      evals=["test", "outer_valid"], eval_every=4, eval_batches=2, output_dir=out, log_every=3,
-                      checkpoint_policy=policy, callbacks=[callback], chunk_size=4, extend=extend)
+                      evaluation=EvalPlan(evals=["test", "outer_valid"], every=4, batches=2), output_dir=out,
+                      options=LoopOptions(log_every=3, callbacks=[callback], chunk_size=4), checkpoint_policy=policy,
+                      extend=extend)
     result = run_to_end(loop)
     state = jax.tree_util.tree_map(lambda x: jax.random.key_data(x) if jax.dtypes.issubdtype(
         x.dtype, jax.dtypes.prng_key) else x, result.state)
