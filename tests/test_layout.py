@@ -5,7 +5,9 @@
 - no import cycle between the modules of the three packages (every import statement, read with `ast`);
 - run files (outer_trainers.runs) and the model training loop (outer_trainers.training) import no
   meta-training code (steps, estimators, learner, distributed);
-- no `contextvars` in lopt/ (how an update is computed depends on its arguments and shapes).
+- no `contextvars` in lopt/ (how an update is computed depends on its arguments and shapes);
+- no public function or method of lopt, outer_trainers, tasks or scripts with more than 20 parameters
+  (settings that belong together go in a documented config dataclass, e.g. `Reporting`, `EvalPlan`).
 """
 import ast
 import os
@@ -139,15 +141,63 @@ def test_no_context_variables_in_lopt():
     assert not users, f"lopt modules using contextvars (pass the choice as an argument): {users}"
 
 
-def test_torch_mirrors_the_jax_module_names_and_its_architectures_import_no_sibling():
+def test_torch_mirrors_the_jax_module_names_and_no_architecture_module_imports_another():
     def modules(package):
         directory = os.path.join(ROOT, *package.split("."))
         return {f[:-len(".py")] for f in os.listdir(directory) if f.endswith(".py") and f != "__init__.py"}
 
     graph = _import_graph()
-    archs = {f"lopt.torch.archs.{m}" for m in modules("lopt.torch.archs")}
-    siblings = [f"{mod} imports {dep}" for mod in sorted(archs) for dep in sorted(graph[mod]) if dep in archs]
-    assert not siblings, "torch architecture modules share helpers through lopt.torch.parts:\n" + "\n".join(siblings)
+    assert modules("lopt.torch.archs") <= modules("lopt.archs"), "a torch architecture module without its JAX module"
+    for package, parts in (("lopt.archs", "lopt.parts"), ("lopt.torch.archs", "lopt.torch.parts")):
+        archs = {f"{package}.{m}" for m in modules(package)}
+        siblings = [f"{mod} imports {dep}" for mod in sorted(archs) for dep in sorted(graph[mod]) if dep in archs]
+        assert not siblings, f"architecture modules share helpers through {parts}:\n" + "\n".join(siblings)
+    torch_to_jax_archs = [f"{mod} imports {dep}" for mod in graph if mod.startswith("lopt.torch.")
+                          for dep in graph[mod] if dep.startswith("lopt.archs.")]
+    assert not torch_to_jax_archs, ("lopt.torch reads an architecture's public configuration and spec from the "
+                                    "instance it is given, not its module:\n" + "\n".join(torch_to_jax_archs))
     unmirrored = [f"lopt.torch.{sub}.{m} (no lopt.{sub}.{m})" for sub in ("archs", "parts", "rules")
                   for m in sorted(modules(f"lopt.torch.{sub}") - modules(f"lopt.{sub}"))]
     assert not unmirrored, "lopt.torch modules without a JAX module of the same name:\n" + "\n".join(unmirrored)
+
+
+MAX_PARAMETERS = 20
+
+
+def _parameter_counts(tree: ast.AST):
+    """(qualified name, parameter count) of every public function and method of a module (`self`/`cls` and
+    `*args`/`**kwargs` not counted, keyword-only ones counted); private names and those inside a private class
+    left out."""
+    def visit(node, prefix, in_class):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                if in_class and names[:1] in (["self"], ["cls"]):
+                    names = names[1:]
+                private = child.name.startswith("_") and not child.name.startswith("__")
+                if not private:
+                    yield prefix + child.name, len(names)
+            elif isinstance(child, ast.ClassDef) and not child.name.startswith("_"):
+                yield from visit(child, prefix + child.name + ".", True)
+
+    yield from visit(tree, "", False)
+
+
+def test_no_public_function_takes_more_than_20_parameters():
+    long = []
+    for top in PACKAGES + ("scripts",):
+        for path in _python_files(top):
+            tree = ast.parse(open(path, encoding="utf-8").read())
+            long += [f"{os.path.relpath(path, ROOT)}: {name} ({n} parameters)"
+                     for name, n in _parameter_counts(tree) if n > MAX_PARAMETERS]
+    assert not long, ("public functions with more than 20 parameters (group settings that belong together in a "
+                      "documented config dataclass):\n" + "\n".join(long))
+
+
+def test_the_parameter_count_counts_keyword_only_and_skips_self_and_private_names():
+    tree = ast.parse("def f(a, b=1, *args, c, d=2, **kw): pass\n"
+                     "def _g(a, b, c): pass\n"
+                     "class K:\n    def m(self, x, *, y): pass\n    def __init__(self, p): pass\n"
+                     "    def _h(self, q): pass\n")
+    assert dict(_parameter_counts(tree)) == {"f": 4, "K.m": 2, "K.__init__": 1}
