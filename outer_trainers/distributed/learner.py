@@ -9,7 +9,13 @@ gin-config factory): each worker calls it to build its own estimators. The learn
 process) owns theta, the outer optimizer state, the step, checkpoints and summaries, and applies
 updates with `GradientLearner.update`, reporting with `Reporter` and saving with `RunCheckpoints`
 exactly as `outer_train` does (same files, resume and extension rules, progress display, divergence
-stop). Worker w owns the estimators i with i % num_workers == w (`assign_estimators`).
+stop). Worker w owns the estimators i with i % num_workers == w (`assign_estimators`). A learner
+that averages theta (`GradientLearner(theta_ema=...)`) carries the average in its state and
+checkpoints as `outer_train`'s does: theta_final.msgpack holds the average and theta_last.msgpack
+the last theta; meta-evaluation and validation see the average. A learner with `theta_init` starts
+there: the learner's process builds it (reads the file) and the workers get theta from it; a
+`make_run` with a `worker_estimators()` method lets the workers build only their estimators
+(`learner.gin_run.GinRun` does, so no worker reads theta_init).
 
 Synchronous mode (`RayWorkers.max_staleness=0`, `num_estimates_per_step=None`): every outer step sends the
 current theta and, per estimator, the key `outer_train` would give it (the step's
@@ -34,8 +40,18 @@ theta, while the other workers go on (in synchronous mode, steps meanwhile use t
 that arrived). Re-initialised PES particles restart their perturbation sums and inner
 episodes: their first estimates are those of fresh particles (unbiased, but with the short-
 horizon weighting of new episodes until they have run a while). The learner checkpoints
-theta, the outer optimizer state, the key and the step (not the particles): a killed learner rerun
-with the same `output_dir` resumes there and the workers start fresh particles. No `theta_ema` here.
+theta, the outer optimizer state, the moving average of theta, the key and the step (not the
+particles): a killed learner rerun with the same `output_dir` resumes there and the workers start
+fresh particles.
+
+Validation selection (theta_best, as `outer_train(validation=..., validation_every=N)`):
+`make_validation()` builds the run's `ValidationSelector` in the learner (for the record and its
+cache key) and in the evaluation actor, which scores the result theta of every N-th step, none
+skipped (`distributed.eval_worker`). The learner keeps theta_best.msgpack / theta_best.json with
+`learner.theta_best.ThetaBest` exactly as `outer_train` does, re-reading the best so far on
+resume, and owns the baseline's cache file (validation_baseline.json): it hands the actor the
+cached baseline and writes the one the actor tuned. In synchronous mode the validated steps,
+thetas and so theta_best equal a local run's.
 
 `RayWorkers` is also the Ray path of the gin-configured run: `learner.gin_run.train(...,
 num_workers=8, workers=RayWorkers())` connects with `workers.connection()` before its first write
@@ -52,17 +68,18 @@ from typing import Any, Callable, ContextManager, Optional, Sequence, Union
 
 import jax
 
-from lopt.serialization import save_theta
 from outer_trainers.distributed.cluster import connect_ray, import_ray, ray_connection, worker_runtime_env
 from outer_trainers.distributed.eval_worker import EvalClient
 from outer_trainers.distributed.learner_loop import LearnerLoop
 from outer_trainers.distributed.learner_state import init_learner_state
 from outer_trainers.distributed.worker_pool import WorkerPool, assign_estimators
-from outer_trainers.learner.outer_train import OuterTrainState
+from outer_trainers.learner.outer_train import OuterTrainState, save_final_theta
 from outer_trainers.learner.run_records import run_metadata
+from outer_trainers.learner.theta_best import ThetaBest
+from outer_trainers.learner.validation_selection import VALIDATION_CACHE
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED, Reporter
-from outer_trainers.runs.run_checkpoints import THETA_FINAL, RunCheckpoints
+from outer_trainers.runs.run_checkpoints import RunCheckpoints
 from outer_trainers.validation import check_int, check_optional_int, check_weights
 
 DEFAULT_STALL_TIMEOUT_S = 900.0
@@ -113,7 +130,8 @@ class RayWorkers:
 
     def meta_train(self, make_run: Callable[[], tuple], num_steps: int, *, num_workers: int, copies: int = 1,
                    weights: Optional[Sequence[float]] = None, make_evaluator: Optional[Callable[[], Any]] = None,
-                   eval_every: int = 0, **loop_options: Any) -> OuterTrainState:
+                   eval_every: int = 0, make_validation: Optional[Callable[[], Any]] = None,
+                   validation_every: int = 0, **loop_options: Any) -> OuterTrainState:
         """Meta-trains a run with `num_workers` worker actors: `ray_outer_train` with these settings.
 
         Args:
@@ -125,6 +143,8 @@ class RayWorkers:
             weights: the weights of one copy of the estimator list (None: equal); repeated `copies` times.
             make_evaluator: a picklable factory of the meta-evaluation, run in an evaluation actor (None: none).
             eval_every: outer steps between meta-evaluations (0: none).
+            make_validation: a picklable factory of the run's ValidationSelector (None: no validation).
+            validation_every: outer steps between validations (0: none).
             **loop_options: the other options of `ray_outer_train` (output_dir, seed, progress, log_every,
                 checkpoint_policy, resume, overwrite, extend, tensorboard, config, max_consecutive_dropped, ...).
 
@@ -133,7 +153,10 @@ class RayWorkers:
         """
         weights = list(weights) * copies if weights is not None else None
         return ray_outer_train(make_run, num_steps, num_workers=num_workers, workers=self, weights=weights,
-                               make_evaluator=make_evaluator, eval_every_steps=eval_every, **loop_options)
+                               make_evaluator=make_evaluator, eval_every_steps=eval_every,
+                               **({} if make_validation is None else
+                                  dict(make_validation=make_validation, validation_every=validation_every)),
+                               **loop_options)
 
 
 def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_workers: int = 2,
@@ -145,7 +168,8 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
                     eval_every_steps: int = 0, eval_every_seconds: Optional[float] = None,
                     tensorboard: bool = True, config: Optional[dict] = None,
                     max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
-                    extend: bool = False) -> OuterTrainState:
+                    extend: bool = False, make_validation: Optional[Callable[[], Any]] = None,
+                    validation_every: int = 0) -> OuterTrainState:
     """Meta-trains theta with Ray worker actors and returns the learner's final state (see the module docstring).
 
     Args:
@@ -175,6 +199,9 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
         max_consecutive_dropped: stop with MetaTrainingDiverged after this many steps in a row that applied
             nothing (see `outer_train`); None: never.
         extend: train the run in `output_dir` further, to another `num_steps` (as `outer_train`'s `extend`).
+        make_validation: picklable `make_validation() -> ValidationSelector` (built here and in the evaluation
+            actor); with `validation_every`, theta_best is selected as `outer_train(validation=...)` does.
+        validation_every: validate every this many steps (0: none; needs `make_validation`).
 
     Returns:
         The learner's OuterTrainState after the last step (`estimator_states=()`: the particles live on the
@@ -193,9 +220,11 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
         raise TypeError(f"workers must be a RayWorkers, got {type(workers).__name__}")
     check_int("log_every", log_every, minimum=1)
     check_optional_int("max_consecutive_dropped", max_consecutive_dropped, minimum=1)
+    check_int("validation_every", validation_every, minimum=0)
+    if (make_validation is None) != (validation_every == 0):
+        raise ValueError(f"validation needs both make_validation and validation_every >= 1, got make_validation="
+                         f"{make_validation!r}, validation_every={validation_every}")
     learner, estimators = make_run()
-    if getattr(learner, "theta_ema", None) is not None:  # the learner's moving average of theta: not here
-        raise ValueError(f"ray_outer_train cannot average theta (theta_ema={learner.theta_ema}); use outer_train")
     estimators = list(estimators)
     if not estimators:
         raise ValueError("ray_outer_train needs at least one GradientEstimator (make_run returned none)")
@@ -210,6 +239,11 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
     run = RunCheckpoints(output_dir, policy, dict(run_metadata(learner, estimators, config), num_steps=num_steps),
                          fixed_length=False)
     run.check_start(resume=resume, overwrite=overwrite, extend=extend)  # refuse before Ray starts or a write
+    selector = best = cache = None
+    if make_validation is not None:  # a record of other validation settings is refused here too
+        selector = _learner_selector(make_validation, learner)
+        best = ThetaBest(output_dir, learner.learned_opt, selector, read_record=not overwrite)
+        cache = selector.cache_path or (os.path.join(output_dir, VALIDATION_CACHE) if output_dir else None)
     started = connect_ray(workers.address, num_cpus=workers.num_cpus)
     ray = import_ray()
     pool = evals = None
@@ -219,18 +253,22 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
         env = worker_runtime_env(workers.worker_threads)
         pool = WorkerPool(make_run, assignment, actor_options=workers.actor_options, runtime_env=env,
                           max_restarts=workers.max_restarts)
-        if make_evaluator is not None and (eval_every_steps or eval_every_seconds):
-            evals = EvalClient(make_evaluator, every_steps=eval_every_steps, every_seconds=eval_every_seconds,
-                               runtime_env=env)
+        evaluating = make_evaluator is not None and bool(eval_every_steps or eval_every_seconds)
+        if evaluating or selector is not None:
+            baselines = selector.read_cache(cache) if cache is not None and os.path.exists(cache) else None
+            evals = EvalClient(make_evaluator if evaluating else None, every_steps=eval_every_steps,
+                               every_seconds=eval_every_seconds, make_validation=make_validation,
+                               validation_every=validation_every, baselines=baselines, runtime_env=env)
         loop = LearnerLoop(learner, estimators, weights, state, seed, pool, evals, run, workers.max_staleness,
-                           per_step, workers.synchronous, workers.stall_timeout_s, ray)
+                           per_step, workers.synchronous, workers.stall_timeout_s, ray, theta_best=best,
+                           baseline_cache=cache)
         target = num_steps
         with Reporter(output_dir, start=state.step, target=target, progress=progress, log_every=log_every,
                       tensorboard=tensorboard, totals=totals,
                       max_consecutive_dropped=max_consecutive_dropped) as reporter:
             state = loop.run(target, reporter, callback)
         if output_dir is not None:
-            save_theta(os.path.join(output_dir, THETA_FINAL), learner.learned_opt, state.theta)
+            save_final_theta(output_dir, learner, state)
         return state
     finally:
         if pool is not None:
@@ -239,3 +277,13 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
             evals.shutdown()
         if started:
             ray.shutdown()
+
+
+def _learner_selector(make_validation: Callable[[], Any], learner: Any) -> Any:
+    """The run's ValidationSelector in the learner's process, checked against the learner's learned optimizer."""
+    selector = make_validation()
+    lo, mine = getattr(selector, "learned_opt", None), learner.learned_opt
+    if type(lo) is not type(mine) or lo.config() != mine.config():
+        raise ValueError(f"make_validation builds a selector of {type(lo).__name__}, but the learner meta-trains a "
+                         f"{type(mine).__name__} {mine.config()}; build it with the run's learned optimizer")
+    return selector

@@ -2,8 +2,20 @@
 asynchronous loops over a `WorkerPool` (what each mode does: `distributed.learner`).
 
 The loop sends theta (one `ray.put` per version) with each worker's keys, collects estimates,
-applies updates with `GradientLearner.update`, reports and checkpoints each step, re-initialises
-the particles of restarted workers, and polls the evaluation actor.
+applies updates with `GradientLearner.update` (which also carries the moving average of theta
+when the learner keeps one), reports and checkpoints each step, re-initialises the particles of
+restarted workers, and polls the evaluation actor. The evaluation actor gets the run's result
+theta (`OuterTrainState.final_theta`, the average with `theta_ema`), as `outer_train`'s
+meta-evaluation and validation do.
+
+Validation (theta_best): every `validation_every` steps the result theta is sent to the
+evaluation actor, none skipped. A finished validation goes through the run's `ThetaBest` (the
+same selection `outer_train` keeps: an improvement writes theta_best.msgpack and theta_best.json
+with the validated step's theta), its metrics are logged with the step it arrives at (with
+"valid/step", the validated step), and a baseline the actor tuned is written to the run's cache
+file. Before a checkpoint is written the loop waits for the validations of the steps it covers,
+so a run resumed from that checkpoint has lost none of them (the steps after it are run, and
+validated, again).
 """
 from __future__ import annotations
 
@@ -19,6 +31,7 @@ from outer_trainers.distributed.learner_state import particle_keys
 from outer_trainers.distributed.worker import key_data
 from outer_trainers.distributed.worker_pool import WorkerPool
 from outer_trainers.learner.outer_train import OuterTrainState
+from outer_trainers.evaluation.report import json_safe, write_json
 from outer_trainers.learner.run_records import estimator_labels
 
 logger = logging.getLogger("outer_trainers")
@@ -84,15 +97,18 @@ class LearnerLoop:
       synchronous: one estimate of every estimator per step, each computed at the current theta.
       stall_timeout_s: seconds without any worker answering before the run stops with an error.
       ray: the imported `ray` module.
+      theta_best: the run's `learner.theta_best.ThetaBest` when `evals` validates theta, else None.
+      baseline_cache: where the validation baseline the actor tunes is written (None: not written).
     """
 
     def __init__(self, learner, estimators, weights, state, seed, pool, evals, run, max_staleness, per_step,
-                 synchronous, stall_timeout_s, ray):
+                 synchronous, stall_timeout_s, ray, theta_best=None, baseline_cache=None):
         self.learner, self.estimators, self.weights = learner, estimators, weights
         self.labels = estimator_labels(estimators)
         self.state, self.seed, self.pool, self.evals, self.ckpt = state, seed, pool, evals, run
         self.max_staleness, self.per_step, self.synchronous = max_staleness, per_step, synchronous
         self.stall_timeout_s, self.ray = stall_timeout_s, ray
+        self.theta_best, self.baseline_cache = theta_best, baseline_cache
         self.stats = _Stats(max_staleness)
         self.K = len(estimators)
         self.version = int(state.step)
@@ -140,17 +156,35 @@ class LearnerLoop:
 
     # ---- evaluation ------------------------------------------------------------------------------------------
     def _poll_eval(self, block: bool = False) -> None:
-        if self.evals is None:
+        if self.evals is None or not self.evals.evaluates:
             return
         done = self.evals.poll(timeout_s=self.stall_timeout_s if block else 0.0)
         if done is None:
             return
         step, state, metrics = done
         self.eval_pending = dict(metrics, **{"eval/step": step})
+        self._save_best(step, state, metrics)
+
+    def _save_best(self, step: int, state: OuterTrainState, metrics: dict) -> None:
+        """A "best" checkpoint of the evaluated step's state when `metrics` holds the policy's best metric."""
         best = self.ckpt.policy.best_metric
         if best and best in metrics and self.ckpt.manager is not None:
             meta = dict(self.ckpt.meta, **self.reporter.totals().as_meta())
             self.ckpt.manager.save_best(step, state, metrics[best], meta)
+
+    def _poll_validations(self, wait_through) -> dict:
+        """The finished validations through the run's ThetaBest; the last one's metrics (with "valid/step")."""
+        logged: dict = {}
+        if self.theta_best is None:
+            return logged
+        for v in self.evals.poll_validations(wait_through, timeout_s=self.stall_timeout_s):
+            if v.baselines is not None and self.baseline_cache is not None:
+                write_json(self.baseline_cache, json_safe(v.baselines))
+            averaged = v.state.learner_state.theta_avg is not None
+            logged = dict(self.theta_best.record(v.step, v.theta, v.metrics, averaged=averaged),
+                          **{"valid/step": v.step})
+            self._save_best(v.step, v.state, logged)
+        return logged
 
     # ---- one update --------------------------------------------------------------------------------------
     def _apply(self, step: int, target: int, entries: list, reporter, callback) -> None:
@@ -167,26 +201,24 @@ class LearnerLoop:
         self.stats.applied([s for _, _, s in entries])
         metrics = dict(metrics, **self.stats.metrics([s for _, _, s in entries], self.pool), **self.timing)
         labels = _unique_labels([self.labels[i] for i, _, _ in entries])
+        final = step == target
         if self.evals is not None:
-            if step == target and self.evals.in_flight:
-                self._poll_eval(block=True)
-            else:
-                self._poll_eval()
-        forced = bool(self.eval_pending)
-        if forced:  # log the finished evaluation with this step, whatever log_every says
-            pending, self.eval_pending = self.eval_pending, {}
-            reporter.meta_evaluator, reporter.eval_every = (lambda theta: pending), 1
-        try:
-            logged = reporter.report(step, metrics, labels=labels,
-                                     inner_steps=sum(self.estimators[i].inner_steps_per_estimate
-                                                     for i, _, _ in entries), theta=self.state.theta)
-        finally:
-            reporter.meta_evaluator, reporter.eval_every = None, 0
+            self._poll_eval(block=final and self.evals.in_flight)
+            if self.theta_best is not None:
+                self.evals.submit_validation(step, _numpy(self.state.final_theta), self.state)
+        # before a checkpoint: every validation of the steps it covers is in (a resume re-validates the rest)
+        ckpt_due = self.ckpt.manager is not None and self.ckpt.manager.due(step, time.perf_counter(), final=final)
+        extra = self._poll_validations(step if ckpt_due or final else None)
+        if self.eval_pending:  # log the finished evaluation with this step, whatever log_every says
+            extra, self.eval_pending = dict(self.eval_pending, **extra), {}
+        logged = reporter.report(step, metrics, labels=labels,
+                                 inner_steps=sum(self.estimators[i].inner_steps_per_estimate for i, _, _ in entries),
+                                 theta=self.state.final_theta, extra=extra or None)
         best = self.ckpt.policy.best_metric
         saved = None if logged is None else {k: v for k, v in logged.items() if k != best}
-        self.ckpt.save(step, self.state, reporter.totals(), saved, final=step == target)
-        if self.evals is not None:
-            self.evals.maybe_submit(step, self.theta_ref, self.state)
+        self.ckpt.save(step, self.state, reporter.totals(), saved, final=final)
+        if self.evals is not None and self.evals.due(step):
+            self.evals.maybe_submit(step, self.ray.put(_numpy(self.state.final_theta)), self.state)
         if logged is not None and callback is not None:
             callback(step, self.state, logged)
 
@@ -202,8 +234,8 @@ class LearnerLoop:
           the learner state at `target`.
         """
         self.reporter = reporter
-        if self.evals is not None:
-            self.evals.maybe_submit(self.version, self.theta_ref, self.state)
+        if self.evals is not None and self.evals.due(self.version):
+            self.evals.maybe_submit(self.version, self.ray.put(_numpy(self.state.final_theta)), self.state)
         if self.synchronous:
             self._run_sync(target, reporter, callback)
         else:

@@ -5,7 +5,9 @@
     version, estimates, seconds = worker.estimate(theta, version, {0: k0, 2: k2}, outer_iteration)
 
 The worker builds the run's estimators itself by calling `make_run()` (the same picklable
-description the learner uses: a factory, or the gin config), so no jitted function is ever
+description the learner uses: a factory, or the gin config), or `make_run.worker_estimators()`
+where the description has one (it builds the estimators alone: `learner.gin_run.GinRun`'s reads
+no `theta_init`, since workers get theta from the learner), so no jitted function is ever
 pickled; it keeps only those at `indices` (positions in the run's estimator list) and their
 states. Everything crossing the process boundary is arrays: theta as a pytree of numpy arrays,
 keys as raw key data (`jax.random.key_data`), estimates as `Estimate`s of numpy arrays. Each
@@ -61,7 +63,8 @@ class EstimatorWorker:
 
     Args:
         make_run: picklable `make_run() -> (GradientLearner, [GradientEstimator, ...])`, the run's
-            description (called here, in the worker's process).
+            description (called here, in the worker's process; `make_run.worker_estimators()` instead
+            where it has that method).
         indices: the positions, in `make_run()`'s estimator list, of the estimators this worker owns.
     """
 
@@ -69,8 +72,8 @@ class EstimatorWorker:
         if not _LISTENING[0]:
             jax.monitoring.register_event_duration_secs_listener(_count_compiles)
             _LISTENING[0] = True
-        _, estimators = make_run()
-        estimators = list(estimators)
+        build = getattr(make_run, "worker_estimators", None)
+        estimators = list(build() if callable(build) else make_run()[1])
         bad = [i for i in indices if not 0 <= i < len(estimators)]
         if bad or not indices:
             raise ValueError(f"worker estimator indices {list(indices)} are not in the run's {len(estimators)} "

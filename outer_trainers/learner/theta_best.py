@@ -1,12 +1,13 @@
 """A run's best theta on its validation tasks: theta_best.msgpack and its record theta_best.json.
 
-    best = best_score_on_disk(output_dir, selector)          # when a run starts or resumes (None: none yet)
+    best = ThetaBest(output_dir, learned_opt, selector)      # when a run starts or resumes: reads the record
     ...
-    metrics = selector(state.final_theta)                    # every validation_every outer steps
-    if improves(metrics["valid/score"], best):
-        save_theta_best(output_dir, learned_opt, state.final_theta, step=step, metrics=metrics,
-                        selector=selector, averaged=...)
-        best = metrics["valid/score"]
+    metrics = best.record(step, state.final_theta, selector(state.final_theta), averaged=...)
+    # every validation_every outer steps: + "valid/best_score"; an improvement writes the two files
+
+`ThetaBest` is the selection both meta-training loops keep (`outer_train` in its process, the Ray
+learner with the scores its evaluation actor returns): `best_score_on_disk` when it starts, and
+`save_theta_best` when a score beats the best so far (`validation_selection.improves`).
 
 `save_theta_best` writes the theta first (`lopt.save_theta`) and then its record (the outer step,
 the validation metrics, the selection's settings, the baseline cache key and its SHA-256, the
@@ -30,7 +31,8 @@ from typing import Any, Optional
 from lopt.base import LearnedOptimizer
 from lopt.serialization import save_theta
 from outer_trainers.evaluation.report import json_safe, write_json
-from outer_trainers.learner.validation_selection import PREFIX, SCORE, ValidationSelector, key_differences
+from outer_trainers.learner.validation_selection import (BEST_SCORE, PREFIX, SCORE, ValidationSelector, improves,
+                                                         key_differences)
 from outer_trainers.runs.run_checkpoints import THETA_BEST, THETA_BEST_RECORD
 
 _RECORD_FORMAT = "lopt.theta_best"
@@ -125,3 +127,45 @@ def save_theta_best(output_dir: str, learned_opt: LearnedOptimizer, theta: Any, 
               "theta_sha256": _file_sha256(theta_path)}
     write_json(os.path.join(output_dir, THETA_BEST_RECORD), json_safe(record))
     return record
+
+
+class ThetaBest:
+    """A run's theta_best selection as it goes: the best score so far, and the files of each improvement.
+
+    Args:
+      output_dir: the run's directory (None: no files; the best so far is kept in memory only).
+      learned_opt: the run's learned optimizer (recorded with theta).
+      selector: the run's ValidationSelector (its settings and cache key go into the record).
+      read_record: start from the best score of the run's theta_best.json (`best_score_on_disk`); False for
+        a new run that deletes the earlier run's results (`overwrite`).
+
+    Raises:
+      ValueError: the record is unreadable or was selected under another cache key (`best_score_on_disk`).
+    """
+
+    def __init__(self, output_dir: Optional[str], learned_opt: LearnedOptimizer, selector: ValidationSelector, *,
+                 read_record: bool = True):
+        self.output_dir, self.learned_opt, self.selector = output_dir, learned_opt, selector
+        self.best: Optional[float] = best_score_on_disk(output_dir, selector) if read_record else None
+
+    def record(self, step: int, theta: Any, metrics: dict, *, averaged: bool) -> dict:
+        """Takes the validation of `theta` at outer step `step`; a score that beats the best so far
+        (`improves`) writes theta_best.msgpack and theta_best.json (`save_theta_best`).
+
+        Args:
+          step: the outer step whose theta was validated.
+          theta: that theta (the run's `final_theta` at `step`).
+          metrics: the selector's metrics of theta.
+          averaged: whether theta is the moving average of theta (`theta_ema`).
+
+        Returns:
+          `metrics` with "valid/best_score", the best score so far (this one included), once there is one.
+        """
+        improved = improves(metrics[SCORE], self.best)
+        if improved:
+            self.best = float(metrics[SCORE])
+        out = dict(metrics, **({} if self.best is None else {BEST_SCORE: self.best}))
+        if improved and self.output_dir is not None:
+            save_theta_best(self.output_dir, self.learned_opt, theta, step=step, metrics=out, selector=self.selector,
+                            averaged=averaged)
+        return out

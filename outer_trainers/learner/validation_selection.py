@@ -35,7 +35,6 @@ theta_best.json (`learner.theta_best`).
 """
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import logging
@@ -57,6 +56,7 @@ from outer_trainers.evaluation.task_plan import plan_tasks
 from outer_trainers.evaluation.task_trainer import make_task_trainer, task_draws
 from outer_trainers.evaluation.tuning import (ADAMW_WEIGHT_DECAY, baseline_names, best_runs, check_learning_rates,
                                               default_lrs, grid_edge, tune_learning_rate)
+from outer_trainers.learner.validation_key import describe, digest, key_differences  # noqa: F401 (re-exported)
 from outer_trainers.validation import check_int
 from tasks import suites
 
@@ -101,75 +101,6 @@ def improves(score: Optional[float], best: Optional[float]) -> bool:
     if score is None or not math.isfinite(score):
         return False
     return best is None or score > best
-
-
-def _plain(value: Any, depth: int) -> Any:
-    """A JSON-able description of an attribute value, or None for what cannot be described."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, (list, tuple)):
-        items = [_plain(v, depth) for v in value]
-        return items if all(i is not None or v is None for i, v in zip(items, value)) else None
-    if depth < 2 and hasattr(value, "__dict__") and not callable(value) and not isinstance(value, jax.Array):
-        return describe(value, depth + 1)
-    return None
-
-
-def describe(obj: Any, depth: int = 0) -> dict:
-    """A task or family's part of the cache key: its class, its plain public attributes, its data's digest.
-
-    Attributes holding numbers, strings, tuples of them or (two levels deep) objects such as a
-    lifted Task are described; arrays and functions are not (their effect on the data is in the digest).
-
-    Args:
-      obj: a TaskFamily or Task.
-      depth: the nesting level (for objects held by `obj`).
-
-    Returns:
-      {"class": ..., attribute: value, ..., "data": {"name", "batch_size", "sha256"}} (data only when it has some).
-    """
-    out = {"class": type(obj).__name__}
-    for k, v in sorted(vars(obj).items()):
-        if k.startswith("_") or k == "data":
-            continue
-        plain = _plain(v, depth)
-        if plain is not None or v is None:
-            out[k] = plain
-    data = getattr(obj, "data", None)
-    if data is not None:
-        digest = hashlib.sha256()
-        for path, leaf in jax.tree_util.tree_leaves_with_path(getattr(data, "splits", {})):
-            arr = np.asarray(jax.device_get(leaf))
-            digest.update(f"{jax.tree_util.keystr(path)}{arr.shape}{arr.dtype}".encode())
-            digest.update(np.ascontiguousarray(arr).tobytes())
-        out["data"] = {"name": getattr(data, "name", None), "batch_size": getattr(data, "batch_size", None),
-                       "sha256": digest.hexdigest()}
-    return out
-
-
-def key_differences(a: Any, b: Any, at: str = "") -> list[str]:
-    """Where two cache keys (JSON values) differ, e.g. ["lrs", "tasks[0].num_steps"].
-
-    Args:
-      a: one key (or part of one).
-      b: the other.
-      at: the path of this part (for the recursion).
-
-    Returns:
-      the paths of the differing entries (a list of different length, or a changed leaf, is one entry).
-    """
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b))
-                for d in key_differences(a.get(k), b.get(k), f"{at}.{k}" if at else k)]
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and any(isinstance(x, dict) for x in a):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in key_differences(x, y, f"{at}[{i}]")]
-    return [] if a == b else [at or "(the whole key)"]
-
-
-def _digest(doc: Any) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 class ValidationSelector:
@@ -266,7 +197,7 @@ class ValidationSelector:
         Returns:
           the hex digest.
         """
-        return _digest(self.cache_key())
+        return digest(self.cache_key())
 
     def baselines(self, cache_path: Optional[str] = None) -> dict:
         """The tuned baseline's best run per task: read from the cache when its key matches, else trained.
@@ -282,19 +213,48 @@ class ValidationSelector:
         path = cache_path or self.cache_path
         if self._baselines is not None and self._baselines[0] == path:
             return self._baselines[1]
-        doc = self._read_cache(path) if path else None
+        doc = self.read_cache(path) if path else None
         if doc is None:
             known = self._baselines is not None  # trained or read already, for another path (or none)
             doc = self._baselines[2] if known else self._tune()
             if path:
                 write_json(path, json_safe(doc))
-        found = {name: dict(entry, losses=np.asarray(entry["losses"], np.float64),
-                            evals=np.asarray(entry["evals"], np.float64)) for name, entry in doc["tasks"].items()}
+        found = _best_runs(doc)
         self._baselines = (path, found, doc)
         return found
 
-    def _read_cache(self, path: str) -> Optional[dict]:
-        """The cached document when it exists, reads and has this key; None (warning why) otherwise."""
+    def baseline_document(self) -> Optional[dict]:
+        """The cache document of the baselines in use (read, handed in or trained), or None before any.
+
+        Returns:
+          {"format", "key", "tasks", "seconds"} as written to a cache, or None.
+        """
+        return None if self._baselines is None else self._baselines[2]
+
+    def use_baselines(self, doc: dict) -> None:
+        """Uses `doc`, a cache document of this selector's key read or trained elsewhere, as the baselines of
+        calls that name no cache (e.g. in a Ray evaluation actor, whose learner owns the run's cache file).
+
+        Args:
+          doc: the document (`baseline_document()` or `read_cache(path)` of a selector with the same key).
+
+        Raises:
+          ValueError: the document's key is not this selector's (naming where they differ).
+        """
+        if doc.get("key") != self.cache_key():
+            raise ValueError(f"the validation baselines handed in were tuned under another cache key (it differs in "
+                             f"{', '.join(key_differences(doc.get('key'), self.cache_key()))})")
+        self._baselines = (None, _best_runs(doc), doc)
+
+    def read_cache(self, path: str) -> Optional[dict]:
+        """The cached document at `path` when it exists, reads and has this key; None (warning why) otherwise.
+
+        Args:
+          path: the JSON cache.
+
+        Returns:
+          the document (null losses read as NaN), or None.
+        """
         if not os.path.exists(path):
             return None
         try:
@@ -381,6 +341,12 @@ class ValidationSelector:
                     f"{PREFIX}diverged": num_diverged, SCORE: selection_score(wins, ratio, num_diverged),
                     f"{PREFIX}seconds": time.perf_counter() - start})
         return out
+
+
+def _best_runs(doc: dict) -> dict:
+    """{task name: the baseline's best run, losses and evals as float64 arrays} of a cache document."""
+    return {name: dict(entry, losses=np.asarray(entry["losses"], np.float64),
+                       evals=np.asarray(entry["evals"], np.float64)) for name, entry in doc["tasks"].items()}
 
 
 def _nulls_to_nan(doc: dict) -> dict:

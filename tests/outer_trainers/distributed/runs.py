@@ -8,13 +8,20 @@ from tests.fixtures import lopt_step
 
 
 def quadratic_run(dim: int = 4, num_estimators: int = 2, lr: float = 0.05, std: float = 0.05, trunc_length: int = 5,
-                  num_tasks: int = 4, episode: int = 20):
+                  num_tasks: int = 4, episode: int = 20, theta_ema=None):
     """(GradientLearner, [TruncatedPES, ...]) on QuadraticFamily(dim) with LearnableAdam: a tiny, fast run."""
     lo = lopt.LearnableAdam(1e-2)
     step = lopt_step(dim, lo, episode)
     ests = [ot.TruncatedPES(step, num_tasks, trunc_length, std=std, random_initial_iteration_offset=episode // 2)
             for _ in range(num_estimators)]
-    return ot.GradientLearner(lo, optax.adam(lr)), ests
+    return ot.GradientLearner(lo, optax.adam(lr), theta_ema=theta_ema), ests
+
+
+def quadratic_validation():
+    """A ValidationSelector of `quadratic_run`'s LearnableAdam: 2 quadratic families (one 10x stiffer), 10 steps,
+    1 seed, tuned Adam on 7 rates."""
+    families = [tasks.QuadraticFamily(dim=4), tasks.QuadraticFamily(dim=4, min_curvature=1.0, max_curvature=100.0)]
+    return ot.ValidationSelector(lopt.LearnableAdam(1e-2), families, num_steps=10, num_seeds=1)
 
 
 def pbt_run(config: dict):
