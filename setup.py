@@ -16,7 +16,9 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["lopt", "lopt.*", "outer_trainers", "outer_trainers.*", "tasks", "tasks.*"]),
     # Meta-trained theta files (a few KB each) and their provenance ship inside the package.
-    package_data={"lopt.pretrained": ["*.msgpack", "*.json"]},
+    # The published optimizers ship as their authors released them: theta file, LICENSE, provenance.
+    package_data={"lopt.pretrained": ["*.msgpack", "*.json"],
+                  "lopt.published": ["*/theta.state", "*/LICENSE", "*/info.json"]},
     install_requires=[
         "jax>=0.6.0",
         "jaxlib>=0.6.0",

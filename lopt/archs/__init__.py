@@ -8,6 +8,8 @@
 - `learnable_hparams`: SGD, SGDM and Adam with learned hyper-parameters.
 - `norm_mlp_lopt.NormMLPLOpt`: normalized Adam plus a learned residual, a learned bounded step size.
 - `celo2_lopt.Celo2LOpt`: a learned, Muon-orthogonalized matrix update and AdamW for the rest.
+- `celo.Celo`, `celo_adam.CeloAdam`: the published Celo and Celo-Adam (Moudgil et al. 2025), a
+  per-parameter MLP / Adam scaled by a learned LSTM scheduler (`lopt.published` runs their weights).
 
 Each composes the parts of `lopt.parts` (features, update layout, moment features, step-size
 heads, Newton–Schulz) and the rules of `lopt.rules` (schedule, horizon, depth, overshoot brake).
