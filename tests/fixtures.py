@@ -57,6 +57,15 @@ def builtin_architectures() -> list[str]:
     return [n for n in lopt.architectures() if lopt.architecture(n).__module__.startswith("lopt.")]
 
 
+# lopt.published's architectures run in JAX only: lopt.torch has no rule for them yet.
+JAX_ONLY_ARCHITECTURES = ("Celo", "CeloAdam")
+
+
+def torch_architectures() -> list[str]:
+    """`builtin_architectures()` that lopt.torch runs: all but `JAX_ONLY_ARCHITECTURES`, sorted."""
+    return [n for n in builtin_architectures() if n not in JAX_ONLY_ARCHITECTURES]
+
+
 def single_torch_thread():
     """Run a test with one torch thread (tiny tensors: a second OpenMP thread only adds waits, and
     stalls on a loaded 2-core machine); restores the previous count. Use as a pytest fixture body."""

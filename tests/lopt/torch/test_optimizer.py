@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch", reason='PyTorch is not installed: pip insta
 
 import lopt  # noqa: E402
 import lopt.torch as lt  # noqa: E402
-from tests.fixtures import builtin_architectures, single_torch_thread
+from tests.fixtures import torch_architectures, single_torch_thread
 
 
 one_torch_thread = pytest.fixture(autouse=True)(single_torch_thread)
@@ -68,7 +68,7 @@ def saved_and_restored(model, opt):
 
 
 def test_every_architecture_has_a_torch_rule():
-    assert lt.supported_architectures() == builtin_architectures()
+    assert lt.supported_architectures() == torch_architectures()
 
 
 def test_import_lopt_does_not_import_torch():
@@ -86,7 +86,7 @@ def test_shipped_optimizer_trains_a_torch_mlp_on_digits(name):
     assert np.isfinite(losses).all() and end < 0.25 * start, (start, end)
 
 
-@pytest.mark.parametrize("name", builtin_architectures() + ["normmlp_v3"])
+@pytest.mark.parametrize("name", torch_architectures() + ["normmlp_v3"])
 def test_state_dict_round_trip_resumes_bit_identically(name):
     """50 steps, state_dict through torch.save, a fresh model and optimizer loaded, 50 more: the
     same parameters, bit for bit, as 100 steps without the interruption."""

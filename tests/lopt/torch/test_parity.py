@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch", reason='PyTorch is not installed: pip insta
 
 import lopt  # noqa: E402
 import lopt.torch as lt  # noqa: E402
-from tests.fixtures import builtin_architectures, single_torch_thread
+from tests.fixtures import torch_architectures, single_torch_thread
 
 SHAPES = {"dense_w": (5, 7), "dense_b": (7,), "conv_w": (3, 2, 4, 6)}  # JAX layout: [in, out], [kh, kw, in, out]
 STEPS = 100
@@ -113,7 +113,7 @@ def check_parity(learned_opt, theta, num_steps=STEPS, source=None, pass_loss=Tru
     return errs
 
 
-@pytest.mark.parametrize("name", builtin_architectures())
+@pytest.mark.parametrize("name", torch_architectures())
 def test_every_architecture_matches_its_jax_transform(name):
     learned_opt = lopt.base.architecture(name)()
     theta = perturbed(learned_opt.init(jax.random.key(1)), jax.random.key(2))
