@@ -32,7 +32,10 @@ from lopt.torch import archs  # noqa: F401  (registers every architecture's rule
 from lopt.torch.layout import default_axes, from_jax, resolve_axes, to_jax
 from lopt.torch.optimizer import TorchLearnedOptimizer, default_chunk, optimizer
 from lopt.torch.rule import RULES, Rule, rule_for, supported_architectures
+from lopt.torch.param_roles import ModuleRoles, module_roles
+from lopt.torch.schedules import ScheduleWarning, constant_schedule, num_steps_from_epochs
 from lopt.torch.source import resolve
 
 __all__ = ["optimizer", "TorchLearnedOptimizer", "supported_architectures", "rule_for", "Rule", "RULES",
-           "resolve", "default_axes", "resolve_axes", "to_jax", "from_jax", "default_chunk"]
+           "resolve", "default_axes", "resolve_axes", "to_jax", "from_jax", "default_chunk", "module_roles",
+           "ModuleRoles", "constant_schedule", "num_steps_from_epochs", "ScheduleWarning"]

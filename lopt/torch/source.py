@@ -18,6 +18,7 @@ import numpy as np
 
 import lopt
 from lopt.base import LearnedOptimizer
+from lopt.torch.user_line import user_stacklevel
 
 __all__ = ["Source", "resolve", "check_horizon", "theta_fingerprint"]
 
@@ -103,7 +104,7 @@ def check_horizon(src: Source, num_steps: Any, where: str = "num_steps") -> Opti
     if src.horizons and num_steps > src.horizons[1]:
         warnings.warn(f"pretrained optimizer {src.pretrained!r} was meta-trained on horizons of {src.horizons[0]}-"
                       f"{src.horizons[1]} steps; at {where}={num_steps} it is outside them (docs/pretrained.md)",
-                      stacklevel=3)
+                      stacklevel=user_stacklevel())
     return int(num_steps)
 
 
