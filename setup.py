@@ -3,8 +3,10 @@ from setuptools import find_packages, setup
 
 # Distributed meta-training: Ray actors for workers and evaluators, Ray Tune for PBT.
 RAY_REQUIRES = ["ray[tune]>=2.40"]
+# lopt.torch.hf: a Hugging Face Trainer (which needs accelerate); models are built from configs, nothing downloads.
+HF_REQUIRES = ["transformers>=4.46", "accelerate>=1.1.0"]
 DOCS_REQUIRES = ["sphinx>=7.2", "myst-nb>=1.1", "furo>=2024.1.29", "jupytext>=1.16", "nbclient>=0.10",
-                 "nbformat>=5.9", "ipykernel>=6.29", "matplotlib>=3.7"]
+                 "nbformat>=5.9", "ipykernel>=6.29", "matplotlib>=3.7"] + HF_REQUIRES
 
 setup(
     name="lopt",
@@ -42,6 +44,8 @@ setup(
         "ray": RAY_REQUIRES,
         # lopt.torch: the meta-trained optimizers as torch.optim.Optimizers.
         "torch": ["torch>=2.1"],
+        # lopt.torch.hf: the optimizers in a Hugging Face Trainer.
+        "hf": ["torch>=2.1"] + HF_REQUIRES,
         # Everything the test suite needs, the docs build and the tutorials included.
         "test": ["pytest>=7.4", "pytest-timeout>=2.2", "torch>=2.1"] + DOCS_REQUIRES + RAY_REQUIRES,
     },

@@ -47,7 +47,7 @@ from lopt.torch.schedules import constant_schedule, num_steps_from_epochs
 from lopt.torch.source import resolve
 from lopt.torch.user_line import user_stacklevel
 
-__all__ = ["optimizers", "optimizer_cls_and_kwargs", "trainer_optimizer", "num_training_steps", "LossFromForward"]
+__all__ = ["optimizers", "optimizer_cls_and_kwargs", "TrainerOptimizer", "num_training_steps", "LossFromForward"]
 
 
 def num_training_steps(args: Any, train_dataset: Any = None) -> int:
@@ -137,10 +137,9 @@ def _warn_ignored(args: Any, stacklevel: int) -> None:
                       UserWarning, stacklevel=stacklevel)
 
 
-def trainer_optimizer(params: Any, *, source: Any, num_steps: int, roles: Optional[ModuleRoles] = None,
-                      loss_from: Optional[torch.nn.Module] = None, **options: Any) -> TorchLearnedOptimizer:
-    """A lopt torch optimizer over a Trainer's parameter groups (the `optimizer_cls` of
-    `optimizer_cls_and_kwargs`: the Trainer calls it with its groups and the kwargs).
+class TrainerOptimizer(TorchLearnedOptimizer):
+    """A lopt torch optimizer built the way a Trainer builds its optimizer: `cls(groups, **kwargs)`
+    (the class of `optimizer_cls_and_kwargs`; a `TorchLearnedOptimizer` in every other respect).
 
     Args:
       params: parameters or groups (the Trainer's carry "weight_decay").
@@ -150,18 +149,19 @@ def trainer_optimizer(params: Any, *, source: Any, num_steps: int, roles: Option
       loss_from: the model whose forward's loss the optimizer reads (`LossFromForward`), or None.
       **options: `TorchLearnedOptimizer` options (lr, weight_decay_lr, chunk_size, ...).
 
-    Returns:
-      The `TorchLearnedOptimizer`.
+    Attributes:
+      loss_hook: the `LossFromForward` (None without loss_from).
     """
-    src = resolve(source)
-    if roles is not None:
-        options.setdefault("layout", roles.layout)
-        if RULES[type(src.learned_opt).__name__].reads_roles:
-            options.setdefault("role", roles.role)
-    opt = TorchLearnedOptimizer(src, params, num_steps, **options)
-    if loss_from is not None:
-        opt.loss_hook = LossFromForward(loss_from, opt)
-    return opt
+
+    def __init__(self, params: Any, *, source: Any, num_steps: Optional[int], roles: Optional[ModuleRoles] = None,
+                 loss_from: Optional[torch.nn.Module] = None, **options: Any):
+        src = resolve(source)
+        if roles is not None:
+            options.setdefault("layout", roles.layout)
+            if RULES[type(src.learned_opt).__name__].reads_roles:
+                options.setdefault("role", roles.role)
+        super().__init__(src, params, num_steps, **options)
+        self.loss_hook = LossFromForward(loss_from, self) if loss_from is not None else None
 
 
 def _setup(model: torch.nn.Module, args: Any, source: Any, train_dataset: Any, num_steps: Optional[int],
@@ -188,8 +188,8 @@ def optimizers(model: torch.nn.Module, args: Any, source: Any = "celo2_v5", *, t
       **options: further `TorchLearnedOptimizer` options (e.g. chunk_size).
 
     Returns:
-      (a `lopt.torch.TorchLearnedOptimizer` fed the loss by the model's forward, a constant
-      `LambdaLR`).
+      (a `TrainerOptimizer`, i.e. a `lopt.torch.TorchLearnedOptimizer` fed the loss by the
+      model's forward, and a constant `LambdaLR`).
 
     Raises:
       ValueError: no way to count num_steps, an unknown source, a bad option, or (strict_roles) a
@@ -204,15 +204,15 @@ def optimizers(model: torch.nn.Module, args: Any, source: Any = "celo2_v5", *, t
         rest = [p for p in params if roles.role(p) == "vector"]
         params = [{"params": decay, "weight_decay": float(args.weight_decay)}, {"params": rest, "weight_decay": 0.0}]
         options.setdefault("weight_decay_lr", float(args.learning_rate))
-    opt = trainer_optimizer(params, source=source, num_steps=num_steps, roles=roles, loss_from=model, lr=lr,
-                            **options)
+    opt = TrainerOptimizer(params, source=source, num_steps=num_steps, roles=roles, loss_from=model, lr=lr,
+                           **options)
     return opt, constant_schedule(opt)
 
 
 def optimizer_cls_and_kwargs(model: torch.nn.Module, args: Any, source: Any = "celo2_v5", *,
                              train_dataset: Any = None, num_steps: Optional[int] = None, lr: float = 1.0,
                              strict_roles: bool = False, **options: Any) -> tuple:
-    """The pair for `Trainer(..., optimizer_cls_and_kwargs=...)`: `(trainer_optimizer, kwargs)`.
+    """The pair for `Trainer(..., optimizer_cls_and_kwargs=...)`: `(TrainerOptimizer, kwargs)`.
 
     The Trainer builds the optimizer over its own parameter groups (weight decay for all but
     biases and norm weights, at args.weight_decay) and its scheduler from args: set
@@ -222,7 +222,7 @@ def optimizer_cls_and_kwargs(model: torch.nn.Module, args: Any, source: Any = "c
       model, args, source, train_dataset, num_steps, lr, strict_roles, **options: as `optimizers`.
 
     Returns:
-      (`trainer_optimizer`, its keyword arguments).
+      (`TrainerOptimizer`, its keyword arguments).
     """
     level = user_stacklevel()
     num_steps, roles = _setup(model, args, source, train_dataset, num_steps, strict_roles, level)
@@ -233,4 +233,4 @@ def optimizer_cls_and_kwargs(model: torch.nn.Module, args: Any, source: Any = "c
                       f"set TrainingArguments(lr_scheduler_type='constant')", UserWarning, stacklevel=level)
     kwargs = dict(source=source, num_steps=num_steps, roles=roles, loss_from=model, lr=lr,
                   weight_decay_lr=float(args.learning_rate), **options)
-    return trainer_optimizer, kwargs
+    return TrainerOptimizer, kwargs
