@@ -41,8 +41,9 @@ at `--ray_address` (e.g. `auto` after `ray start --head`) or, without it, on a l
 Each worker rebuilds the estimators from this run's gin config
 (`outer_trainers.learner.gin_run.GinRun`); with more workers than estimators the estimator list is
 repeated so that each worker owns at least one. `RayWorkers.max_staleness` /
-`RayWorkers.num_estimates_per_step` select the asynchronous mode; `MetaEval.every` then runs in an
-evaluation actor. The files written are the same as in a local run.
+`RayWorkers.num_estimates_per_step` select the asynchronous mode. Every setting of a local run works
+with workers (`train.theta_ema`, `train.theta_init`, --extend); `MetaEval.every` and `Validation.every`
+run in an evaluation actor. The files written are the same as in a local run.
 
 Every option: `train` in outer_trainers/learner/gin_run.py (this script parses the gin config and
 calls it) and the groups in outer_trainers/learner/run_settings.py; its steps are the functions of

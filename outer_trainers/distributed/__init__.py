@@ -14,7 +14,7 @@ gin-configured run), `learner_loop` (the learner's synchronous and asynchronous 
 imported only when these run: `import outer_trainers` works without the "ray" extra.
 """
 from outer_trainers.distributed.cluster import RayConnectionError, connect_ray, ray_connection, worker_runtime_env
-from outer_trainers.distributed.eval_worker import EvalClient, EvalWorker
+from outer_trainers.distributed.eval_worker import EvalActor, EvalClient, EvalWorker
 from outer_trainers.distributed.learner import RayWorkers, ray_outer_train
 from outer_trainers.distributed.learner_state import init_learner_state, particle_keys
 from outer_trainers.distributed.pbt import pbt_outer_train, pbt_reports
@@ -24,6 +24,7 @@ from outer_trainers.distributed.worker_pool import WorkerPool, assign_estimators
 __all__ = [
     "ray_outer_train", "RayWorkers", "pbt_outer_train", "pbt_reports", "connect_ray", "ray_connection", "worker_runtime_env",
     "RayConnectionError",
-    "EstimatorWorker", "WorkerPool", "assign_estimators", "EvalWorker", "EvalClient", "init_learner_state",
+    "EstimatorWorker", "WorkerPool", "assign_estimators", "EvalActor", "EvalWorker", "EvalClient",
+    "init_learner_state",
     "particle_keys",
 ]

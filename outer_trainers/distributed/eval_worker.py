@@ -1,5 +1,6 @@
 """Continuous evaluation off the learner's critical path: an evaluation actor and when to call it.
 
+    settings = EvalActor(make_evaluator, every_steps=10)                 # what ray_outer_train is given
     ev = EvalClient(make_evaluator, every_steps=10, every_seconds=None)  # starts the actor
     ev.maybe_submit(step, theta_ref, state)      # when due and the actor is idle
     done = ev.poll()                              # None, or (step, state at that step, {"eval/...": ...})
@@ -23,6 +24,7 @@ none, to write the cache itself.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -32,6 +34,43 @@ import jax.numpy as jnp
 from outer_trainers.distributed.cluster import import_ray
 
 MAX_VALIDATION_TRIES = 3  # a validation lost with its actor is sent again, this often in all
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalActor:
+    """What the evaluation actor of `ray_outer_train` runs, and when: meta-evaluation and validation.
+
+    Attributes:
+        make_evaluator: picklable `make_evaluator() -> evaluator` (e.g. of a MetaEvaluator), or None.
+        every_steps: meta-evaluate once this many steps have passed since the last one (0: not by steps).
+        every_seconds: meta-evaluate once this many seconds have passed since the last one (None: not by time).
+        make_validation: picklable `make_validation() -> ValidationSelector` (built in the learner too, for the
+            theta_best record), or None.
+        validation_every: validate the result theta of every step divisible by this (0: none).
+    """
+    make_evaluator: Optional[Callable[[], Callable[[Any], dict]]] = None
+    every_steps: int = 0
+    every_seconds: Optional[float] = None
+    make_validation: Optional[Callable[[], Any]] = None
+    validation_every: int = 0
+
+    def __post_init__(self):
+        if self.every_steps < 0 or (self.every_seconds is not None and self.every_seconds <= 0):
+            raise ValueError(f"EvalActor: every_steps must be >= 0 and every_seconds > 0 or None, got "
+                             f"{self.every_steps}, {self.every_seconds}")
+        if (self.make_validation is None) != (self.validation_every < 1):
+            raise ValueError(f"EvalActor: validation needs both make_validation and validation_every >= 1, got "
+                             f"make_validation={self.make_validation!r}, validation_every={self.validation_every}")
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether meta-evaluation runs (an evaluator and a schedule)."""
+        return self.make_evaluator is not None and bool(self.every_steps or self.every_seconds)
+
+    @property
+    def validates(self) -> bool:
+        """Whether validation runs."""
+        return self.make_validation is not None
 
 
 class Validated(NamedTuple):

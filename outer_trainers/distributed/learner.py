@@ -44,8 +44,9 @@ theta, the outer optimizer state, the moving average of theta, the key and the s
 particles): a killed learner rerun with the same `output_dir` resumes there and the workers start
 fresh particles.
 
+Meta-evaluation and validation run in an evaluation actor, as `evaluation=EvalActor(...)` says.
 Validation selection (theta_best, as `outer_train(validation=..., validation_every=N)`):
-`make_validation()` builds the run's `ValidationSelector` in the learner (for the record and its
+`EvalActor.make_validation()` builds the run's `ValidationSelector` in the learner (for the record and its
 cache key) and in the evaluation actor, which scores the result theta of every N-th step, none
 skipped (`distributed.eval_worker`). The learner keeps theta_best.msgpack / theta_best.json with
 `learner.theta_best.ThetaBest` exactly as `outer_train` does, re-reading the best so far on
@@ -69,10 +70,11 @@ from typing import Any, Callable, ContextManager, Optional, Sequence, Union
 import jax
 
 from outer_trainers.distributed.cluster import connect_ray, import_ray, ray_connection, worker_runtime_env
-from outer_trainers.distributed.eval_worker import EvalClient
+from outer_trainers.distributed.eval_worker import EvalActor, EvalClient
 from outer_trainers.distributed.learner_loop import LearnerLoop
 from outer_trainers.distributed.learner_state import init_learner_state
 from outer_trainers.distributed.worker_pool import WorkerPool, assign_estimators
+from outer_trainers.estimators.estimator_schedule import EstimatorSchedule
 from outer_trainers.learner.outer_train import OuterTrainState, save_final_theta
 from outer_trainers.learner.run_records import run_metadata
 from outer_trainers.learner.theta_best import ThetaBest
@@ -152,11 +154,10 @@ class RayWorkers:
             the learner's final OuterTrainState.
         """
         weights = list(weights) * copies if weights is not None else None
+        evaluation = EvalActor(make_evaluator, every_steps=eval_every, make_validation=make_validation,
+                               validation_every=validation_every)
         return ray_outer_train(make_run, num_steps, num_workers=num_workers, workers=self, weights=weights,
-                               make_evaluator=make_evaluator, eval_every_steps=eval_every,
-                               **({} if make_validation is None else
-                                  dict(make_validation=make_validation, validation_every=validation_every)),
-                               **loop_options)
+                               evaluation=evaluation, **loop_options)
 
 
 def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_workers: int = 2,
@@ -164,12 +165,10 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
                     weights: Optional[Sequence[float]] = None, progress: Union[bool, str] = "auto", log_every: int = 1,
                     callback: Optional[Callable[[int, OuterTrainState, dict], None]] = None,
                     checkpoint_policy: Optional[CheckpointPolicy] = None, resume: bool = True,
-                    overwrite: bool = False, make_evaluator: Optional[Callable[[], Callable]] = None,
-                    eval_every_steps: int = 0, eval_every_seconds: Optional[float] = None,
+                    overwrite: bool = False, evaluation: Any = None,
                     tensorboard: bool = True, config: Optional[dict] = None,
                     max_consecutive_dropped: Optional[int] = DEFAULT_MAX_CONSECUTIVE_DROPPED,
-                    extend: bool = False, make_validation: Optional[Callable[[], Any]] = None,
-                    validation_every: int = 0) -> OuterTrainState:
+                    extend: bool = False) -> OuterTrainState:
     """Meta-trains theta with Ray worker actors and returns the learner's final state (see the module docstring).
 
     Args:
@@ -189,19 +188,15 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
         checkpoint_policy: when to checkpoint (default `CheckpointPolicy()`); needs `output_dir`.
         resume: continue from `output_dir`'s newest readable checkpoint (see `outer_train`).
         overwrite: start a new run over `output_dir`'s results, deleting them first (see `outer_train`).
-        make_evaluator: picklable `make_evaluator() -> evaluator` (e.g. of a MetaEvaluator) run in an
-            evaluation actor; its metrics are logged with the step after they arrive and feed "best"
-            checkpoints (`checkpoint_policy.best_metric`) of the evaluated step's state.
-        eval_every_steps: evaluate every this many steps (0: not by steps).
-        eval_every_seconds: evaluate every this many seconds (None: not by time).
+        evaluation: what the evaluation actor runs (a `distributed.EvalActor`; None: no actor): meta-evaluation of the
+            result theta, its metrics logged with the step after they arrive and feeding "best" checkpoints
+            (`checkpoint_policy.best_metric`) of the evaluated step's state, and validation selection of
+            theta_best (the module docstring).
         tensorboard: also write TensorBoard event files.
         config: JSON-able run configuration stored in checkpoints; it must match on resume.
         max_consecutive_dropped: stop with MetaTrainingDiverged after this many steps in a row that applied
             nothing (see `outer_train`); None: never.
         extend: train the run in `output_dir` further, to another `num_steps` (as `outer_train`'s `extend`).
-        make_validation: picklable `make_validation() -> ValidationSelector` (built here and in the evaluation
-            actor); with `validation_every`, theta_best is selected as `outer_train(validation=...)` does.
-        validation_every: validate every this many steps (0: none; needs `make_validation`).
 
     Returns:
         The learner's OuterTrainState after the last step (`estimator_states=()`: the particles live on the
@@ -220,11 +215,13 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
         raise TypeError(f"workers must be a RayWorkers, got {type(workers).__name__}")
     check_int("log_every", log_every, minimum=1)
     check_optional_int("max_consecutive_dropped", max_consecutive_dropped, minimum=1)
-    check_int("validation_every", validation_every, minimum=0)
-    if (make_validation is None) != (validation_every == 0):
-        raise ValueError(f"validation needs both make_validation and validation_every >= 1, got make_validation="
-                         f"{make_validation!r}, validation_every={validation_every}")
+    evaluation = EvalActor() if evaluation is None else evaluation
+    if not isinstance(evaluation, EvalActor):
+        raise TypeError(f"evaluation must be an EvalActor, got {type(evaluation).__name__}")
     learner, estimators = make_run()
+    if isinstance(estimators, EstimatorSchedule):
+        raise TypeError("ray_outer_train takes a list of estimators, not an EstimatorSchedule: its workers own "
+                        "their estimators for the whole run; use outer_train for a schedule of estimators")
     estimators = list(estimators)
     if not estimators:
         raise ValueError("ray_outer_train needs at least one GradientEstimator (make_run returned none)")
@@ -233,15 +230,16 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
     assignment = assign_estimators(K, num_workers)
     per_step = K if workers.num_estimates_per_step is None else workers.num_estimates_per_step
     policy = checkpoint_policy or CheckpointPolicy()
-    if make_evaluator is None and policy.best_metric and (eval_every_steps or eval_every_seconds):
-        raise ValueError("eval_every_steps / eval_every_seconds need make_evaluator")
+    if evaluation.make_evaluator is None and policy.best_metric and (evaluation.every_steps or
+                                                                     evaluation.every_seconds):
+        raise ValueError("EvalActor.every_steps / every_seconds need make_evaluator")
 
     run = RunCheckpoints(output_dir, policy, dict(run_metadata(learner, estimators, config), num_steps=num_steps),
                          fixed_length=False)
     run.check_start(resume=resume, overwrite=overwrite, extend=extend)  # refuse before Ray starts or a write
     selector = best = cache = None
-    if make_validation is not None:  # a record of other validation settings is refused here too
-        selector = _learner_selector(make_validation, learner)
+    if evaluation.validates:  # a record of other validation settings is refused here too
+        selector = _learner_selector(evaluation.make_validation, learner)
         best = ThetaBest(output_dir, learner.learned_opt, selector, read_record=not overwrite)
         cache = selector.cache_path or (os.path.join(output_dir, VALIDATION_CACHE) if output_dir else None)
     started = connect_ray(workers.address, num_cpus=workers.num_cpus)
@@ -253,12 +251,12 @@ def ray_outer_train(make_run: Callable[[], tuple], num_steps: int, *, num_worker
         env = worker_runtime_env(workers.worker_threads)
         pool = WorkerPool(make_run, assignment, actor_options=workers.actor_options, runtime_env=env,
                           max_restarts=workers.max_restarts)
-        evaluating = make_evaluator is not None and bool(eval_every_steps or eval_every_seconds)
-        if evaluating or selector is not None:
+        if evaluation.evaluates or evaluation.validates:
             baselines = selector.read_cache(cache) if cache is not None and os.path.exists(cache) else None
-            evals = EvalClient(make_evaluator if evaluating else None, every_steps=eval_every_steps,
-                               every_seconds=eval_every_seconds, make_validation=make_validation,
-                               validation_every=validation_every, baselines=baselines, runtime_env=env)
+            evals = EvalClient(evaluation.make_evaluator if evaluation.evaluates else None,
+                               every_steps=evaluation.every_steps, every_seconds=evaluation.every_seconds,
+                               make_validation=evaluation.make_validation,
+                               validation_every=evaluation.validation_every, baselines=baselines, runtime_env=env)
         loop = LearnerLoop(learner, estimators, weights, state, seed, pool, evals, run, workers.max_staleness,
                            per_step, workers.synchronous, workers.stall_timeout_s, ray, theta_best=best,
                            baseline_cache=cache)

@@ -65,9 +65,8 @@ from outer_trainers.learner.gradient_learner import GradientLearner, LearnerStat
 from outer_trainers.runs.reporting import Reporter, RunTotals
 from outer_trainers.learner.run_records import estimator_labels, run_metadata
 from outer_trainers.learner.run_settings import Reporting
-from outer_trainers.learner.theta_best import best_score_on_disk, save_theta_best
-from outer_trainers.learner.validation_selection import (BEST_SCORE, SCORE, VALIDATION_CACHE, ValidationSelector,
-                                                         improves)
+from outer_trainers.learner.theta_best import ThetaBest
+from outer_trainers.learner.validation_selection import VALIDATION_CACHE, ValidationSelector
 from outer_trainers.runs.run_checkpoints import THETA_FINAL, THETA_LAST, RunCheckpoints
 
 
@@ -292,7 +291,8 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
     cache = None if validation is None else validation.cache_path or (
         os.path.join(output_dir, VALIDATION_CACHE) if output_dir is not None else None)
     # the record is read before a resume (an overwritten run's is deleted, so it is not read then)
-    best = None if validation is None or (overwrite and state is None) else best_score_on_disk(output_dir, validation)
+    best = None if validation is None else ThetaBest(output_dir, learner.learned_opt, validation,
+                                                     read_record=not (overwrite and state is None))
     if state is None:
         state, totals = _restore_or_init(run, learner, estimators_of_state, seed, resume, overwrite, extend)
         if state.step > target:  # a checkpoint that records no length (written before runs recorded it)
@@ -307,18 +307,13 @@ def outer_train(learner: GradientLearner, estimators: Union[Sequence[GradientEst
             if schedule is not None and schedule.resamples_at(i):
                 estimators, state = resample_estimators(schedule, state, i)
             state, metrics = outer_step(learner, estimators, state, i, weights)
-            valid, improved = None, False
-            if validation is not None and (i + 1) % validation_every == 0:
-                valid = validation(state.final_theta, cache_path=cache)
-                improved = improves(valid[SCORE], best)
-                best = valid[SCORE] if improved else best
-                valid.update({} if best is None else {BEST_SCORE: best})
+            valid = None
+            if validation is not None and (i + 1) % validation_every == 0:  # an improvement writes theta_best
+                valid = best.record(i + 1, state.final_theta, validation(state.final_theta, cache_path=cache),
+                                    averaged=state.learner_state.theta_avg is not None)  # before the checkpoint
             logged = reporter.report(i + 1, metrics, labels=estimator_labels(estimators),
                                      inner_steps=sum(e.inner_steps_per_estimate for e in estimators),
                                      theta=state.final_theta, extra=valid)
-            if improved and output_dir is not None:  # before the checkpoint: a resume re-reaches every saved best
-                save_theta_best(output_dir, learner.learned_opt, state.final_theta, step=i + 1, metrics=valid,
-                                selector=validation, averaged=state.learner_state.theta_avg is not None)
             run.save(i + 1, state, reporter.totals(), logged, final=i + 1 == target)
             if logged is not None and callback is not None:
                 callback(i + 1, state, logged)

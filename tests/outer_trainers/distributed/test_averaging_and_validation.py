@@ -1,5 +1,5 @@
 """Theta averaging and theta_best with Ray workers: a synchronous run equals the local run (theta, its
-average, the validated steps, theta_best and its record), and extends with both."""
+average, the validated steps, theta_best and its record), and checkpoints the average."""
 import functools
 import json
 import shutil
@@ -9,7 +9,7 @@ import numpy as np
 
 import lopt
 import outer_trainers as ot
-from outer_trainers.distributed import RayWorkers, ray_outer_train
+from outer_trainers.distributed import EvalActor, RayWorkers, ray_outer_train
 from outer_trainers.runs.checkpoint_manager import CheckpointManager
 from outer_trainers.runs.run_checkpoints import theta_from_checkpoint
 from tests.fixtures import metrics_lines
@@ -33,9 +33,9 @@ def test_sync_ray_run_gives_the_local_theta_average_and_theta_best(ray_local, tm
                            validation=quadratic_validation(), validation_every=2)
     dist_dir.mkdir()  # the Ray learner reads the tuned baseline from the run's cache and hands it to the actor
     shutil.copy(local_dir / "validation_baseline.json", dist_dir / "validation_baseline.json")
+    valid = EvalActor(make_validation=quadratic_validation, validation_every=2)
     dist = ray_outer_train(make, 4, num_workers=2, seed=3, progress=False, output_dir=str(dist_dir),
-                           checkpoint_policy=policy, make_validation=quadratic_validation, validation_every=2,
-                           workers=WORKERS)
+                           checkpoint_policy=policy, evaluation=valid, workers=WORKERS)
     assert dist.step == 4 and dist.learner_state.theta_avg is not None
     _close(local.theta, dist.theta)
     _close(local.learner_state.theta_avg, dist.learner_state.theta_avg)
@@ -44,24 +44,16 @@ def test_sync_ray_run_gives_the_local_theta_average_and_theta_best(ray_local, tm
         _close(lopt.load_theta(str(local_dir / name)), lopt.load_theta(str(dist_dir / name)))
     _close(dist.final_theta, lopt.load_theta(str(dist_dir / "theta_final.msgpack")))
     # the same steps validated with the same scores (each logged at its own step here: a checkpoint waits for it)
-    valid = lambda d, step_key: {l[step_key]: (l["valid/score"], l["valid/best_score"])
-                                 for l in metrics_lines(d) if "valid/score" in l}
-    want, got = valid(local_dir, "step"), valid(dist_dir, "valid/step")
+    scores = lambda d, step_key: {l[step_key]: (l["valid/score"], l["valid/best_score"])
+                                  for l in metrics_lines(d) if "valid/score" in l}
+    want, got = scores(local_dir, "step"), scores(dist_dir, "valid/step")
     assert sorted(got) == sorted(want) == [2, 4]
     np.testing.assert_allclose([got[s] for s in (2, 4)], [want[s] for s in (2, 4)], rtol=1e-5)
     rec_local, rec_dist = (json.load(open(d / "theta_best.json")) for d in (local_dir, dist_dir))
     assert rec_dist["step"] == rec_local["step"] and rec_dist["theta"].startswith("final_theta")
     np.testing.assert_allclose(rec_dist["score"], rec_local["score"], rtol=1e-5)
     assert rec_dist["cache_key_sha256"] == rec_local["cache_key_sha256"]
-    # the checkpoint holds the average: extending the run continues it, re-reading the best score so far
+    # the checkpoint holds the average, so a resume or --extend continues it
     step, path = max(CheckpointManager(str(dist_dir / "checkpoints")).list("rolling"))
     assert step == 4
     _close(dist.learner_state.theta_avg, theta_from_checkpoint(path, which="result")[1])
-    more = ray_outer_train(make, 6, num_workers=2, seed=3, progress=False, output_dir=str(dist_dir),
-                           checkpoint_policy=policy, make_validation=quadratic_validation, validation_every=2,
-                           workers=WORKERS, extend=True)
-    assert more.step == 6 and int(more.learner_state.step) == 6
-    lines = metrics_lines(dist_dir)
-    assert [l["step"] for l in lines] == list(range(1, 7))
-    assert lines[-1]["valid/step"] == 6 and lines[-1]["valid/best_score"] >= rec_dist["score"]
-    assert json.load(open(dist_dir / "theta_best.json"))["score"] == lines[-1]["valid/best_score"]

@@ -7,7 +7,7 @@ import numpy as np
 import outer_trainers as ot
 from outer_trainers.runs.checkpoint_files import read
 from outer_trainers.runs.checkpoint_manager import CheckpointManager
-from outer_trainers.distributed import RayWorkers, ray_outer_train
+from outer_trainers.distributed import EvalActor, RayWorkers, ray_outer_train
 from outer_trainers.distributed.learner_state import init_learner_state
 from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import quadratic_evaluator, quadratic_run
@@ -22,7 +22,7 @@ def test_eval_actor_logs_metrics_and_feeds_best_checkpoints(ray_local, tmp_path)
     policy = ot.CheckpointPolicy(every_steps=None, every_seconds=None, save_final=True,
                                  best_metric="eval/final_loss", best_mode="min", keep_best=1)
     state = ray_outer_train(make, 6, num_workers=1, seed=0, progress=False, output_dir=str(tmp_path),
-                            make_evaluator=quadratic_evaluator, eval_every_steps=2, checkpoint_policy=policy,
+                            evaluation=EvalActor(quadratic_evaluator, every_steps=2), checkpoint_policy=policy,
                             callback=lambda step, st, m: thetas.__setitem__(step, st.theta),
                             workers=WORKERS)
     assert state.step == 6

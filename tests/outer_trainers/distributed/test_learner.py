@@ -9,7 +9,7 @@ import pytest
 import ray
 
 import outer_trainers as ot
-from outer_trainers.distributed import RayWorkers, ray_outer_train
+from outer_trainers.distributed import EvalActor, RayWorkers, ray_outer_train
 from outer_trainers.distributed import learner as dist_learner
 from outer_trainers.distributed.learner_loop import LearnerLoop
 from outer_trainers.distributed.learner_state import init_learner_state
@@ -193,10 +193,11 @@ def test_ray_workers_meta_train_repeats_the_weights_per_copy(monkeypatch):
     seen = {}
     monkeypatch.setattr(dist_learner, "ray_outer_train", lambda *args, **kwargs: seen.update(args=args, kwargs=kwargs))
     workers = RayWorkers(max_staleness=1)
-    workers.meta_train("make_run", 4, num_workers=3, copies=2, weights=[1.0, 3.0], eval_every=5, seed=7)
+    workers.meta_train("make_run", 4, num_workers=3, copies=2, weights=[1.0, 3.0], make_evaluator=print,
+                       eval_every=5, make_validation=dict, validation_every=2, seed=7)
     assert seen["args"] == ("make_run", 4)
-    assert seen["kwargs"] == dict(num_workers=3, workers=workers, weights=[1.0, 3.0, 1.0, 3.0], make_evaluator=None,
-                                  eval_every_steps=5, seed=7)
+    assert seen["kwargs"] == dict(num_workers=3, workers=workers, weights=[1.0, 3.0, 1.0, 3.0], seed=7,
+                                  evaluation=EvalActor(print, every_steps=5, make_validation=dict, validation_every=2))
 
 
 def test_ray_workers_settings_are_checked_values():

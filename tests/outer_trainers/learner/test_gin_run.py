@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import gin
+import jax
 import pytest
 
+import lopt
 import outer_trainers as ot
 from outer_trainers import gin_registry
 from outer_trainers.distributed import RayWorkers
@@ -41,6 +43,22 @@ def test_the_driver_builds_from_its_parsed_config(parsed):
     assert isinstance(learner, ot.GradientLearner)
     assert [e.name for e in ests] == ["TruncatedPES(n=2,K=4)"] * 2
     assert ests[0].truncated_step is ests[1].truncated_step  # one step, copies of the estimator list
+
+
+def test_workers_build_their_estimators_without_reading_theta_init(parsed, monkeypatch, tmp_path):
+    """The learner's process reads theta_init once (`GinRun(..., built=...)`); a worker builds only estimators."""
+    from outer_trainers.learner import meta_training_run
+    lo = gin_run.GinRun(TINY)()[0].learned_opt
+    path = str(tmp_path / "start.msgpack")
+    lopt.save_theta(path, lo, lo.init(jax.random.key(1)))
+    gin.parse_config(f"train.theta_init = '{path}'\ntrain.theta_ema = 0.9")
+    built = gin_run.GinRun(TINY)()
+    assert built[0].theta_init is not None and built[0].theta_ema == 0.9
+    monkeypatch.setattr(meta_training_run, "load_theta_init", lambda *a, **k: pytest.fail("theta_init was read"))
+    run = pickle.loads(pickle.dumps(gin_run.GinRun(TINY, copies=2, built=built)))
+    assert run.built is None  # only the text travels
+    assert [e.name for e in run.worker_estimators()] == ["TruncatedPES(n=2,K=4)"] * 2
+    assert gin_run.GinRun(TINY, built=built)() is built
 
 
 def test_the_evaluator_factory_reads_the_run_config(parsed):

@@ -8,7 +8,6 @@ import pytest
 import lopt
 import outer_trainers as ot
 from outer_trainers.learner import meta_training_run as M
-from outer_trainers.learner.run_settings import Validation
 from outer_trainers.learner.run_records import run_metadata
 from tests.fixtures import lopt_step
 
@@ -25,8 +24,6 @@ def test_run_arguments_are_checked_naming_the_binding():
         M.check_run_arguments(num_workers=-2)
     with pytest.raises(ValueError, match=r"train.num_workers = 2 meta-trains on Ray workers.*RayWorkers"):
         M.check_run_arguments(num_workers=2)  # nothing to run the workers with
-    with pytest.raises(ValueError, match=r"Validation.every = 3 .*local meta-training only"):
-        M.check_run_arguments(num_workers=1, workers=object(), validation=Validation(every=3, suite="smoke"))
 
 
 def test_the_learner_package_imports_nothing_of_distributed():

@@ -23,7 +23,7 @@ from outer_trainers.learner import gin_run, validation_selection as vs
 from outer_trainers.learner.run_settings import Validation
 from tests.fixtures import TINY_RUN_GIN, lopt_step, metrics_lines
 
-outer_train_module = importlib.import_module("outer_trainers.learner.outer_train")  # the package's name is the function
+theta_best_module = importlib.import_module("outer_trainers.learner.theta_best")  # the package's name is the function
 STEPS, SEEDS = 20, 3
 # the same quadratics with 10x the curvature: a learning rate good on one is 10x too small or large on the other
 FAMILIES = (tasks.QuadraticFamily(dim=4), tasks.QuadraticFamily(dim=4, min_curvature=1.0, max_curvature=100.0))
@@ -201,8 +201,8 @@ def _thetas(tiny, num_steps):
 
 def _counting(monkeypatch):
     saved = []
-    real = outer_train_module.save_theta_best
-    monkeypatch.setattr(outer_train_module, "save_theta_best",
+    real = theta_best_module.save_theta_best  # what both meta-training loops' ThetaBest writes with
+    monkeypatch.setattr(theta_best_module, "save_theta_best",
                         lambda *a, **k: saved.append(k["step"]) or real(*a, **k))
     return saved
 
