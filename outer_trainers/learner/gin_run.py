@@ -18,7 +18,12 @@ With Ray workers (`train.num_workers > 0`) the run is handed what runs them, `tr
 passes one), so this module imports nothing of distributed/. Each worker rebuilds the learner and
 estimators from `GinRun(config_text, copies)`, which pickles as the run's gin text: unpickling it in
 a worker imports this module (so `train` is registered there) and the worker parses the text
-itself. A worker needs the installed packages only, nothing from scripts/.
+itself. A worker needs the installed packages only, nothing from scripts/. The learner's process
+hands the run it built to `GinRun(..., built=...)`, so `theta_init` is read once, there; workers
+build their estimators alone (`GinRun.worker_estimators`) and get theta from the learner. The
+evaluation actor builds the meta-evaluation (`GinEvaluator`) and the validation selection
+(`GinValidation`) from the same text, so `theta_ema`, `MetaEval.*` and `Validation.*` work with
+Ray workers as they do locally.
 
 Besides `gin_registry`, this is the one module of the package that imports gin; `import
 outer_trainers` imports neither.
@@ -86,10 +91,18 @@ class GinRun:
     Args:
       config_text: the run's gin config (`gin.config_str()`).
       copies: how many times the estimator list is repeated (see `meta_training_run.build_run`).
+      built: the (learner, estimators) this process built from the same config, returned by calls here
+        (so `theta_init` is not read again); not pickled.
     """
 
-    def __init__(self, config_text: str, copies: int = 1):
-        self.config_text, self.copies = config_text, int(copies)
+    def __init__(self, config_text: str, copies: int = 1, built: Optional[tuple] = None):
+        self.config_text, self.copies, self.built = config_text, int(copies), built
+
+    def __getstate__(self) -> dict:
+        return {"config_text": self.config_text, "copies": self.copies}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["config_text"], state["copies"])
 
     def bindings(self) -> dict:
         """`train`'s bindings, references resolved (parsing `config_text` first where nothing binds `train`).
@@ -103,9 +116,22 @@ class GinRun:
         return gin.get_bindings("train")
 
     def __call__(self) -> tuple:
-        """(GradientLearner, [estimator, ...]) of the run (see `meta_training_run.build_run`)."""
+        """(GradientLearner, [estimator, ...]) of the run (see `meta_training_run.build_run`): `built` when given."""
+        if self.built is not None:
+            return self.built
         b = self.bindings()
         return build_run(**{k: b[k] for k in RUN_ARGS if k in b}, copies=self.copies)
+
+    def worker_estimators(self) -> list:
+        """The run's estimators alone, as a Ray worker builds them: without reading `theta_init` (the worker's
+        theta comes from the learner) or averaging theta.
+
+        Returns:
+          [estimator, ...], the same list `__call__` gives.
+        """
+        b = self.bindings()
+        args = {k: b[k] for k in RUN_ARGS if k in b and k not in ("theta_init", "theta_init_changes", "theta_ema")}
+        return build_run(**args, copies=self.copies)[1]
 
 
 class GinEvaluator:
@@ -123,6 +149,32 @@ class GinEvaluator:
         """The MetaEvaluator of `MetaEval.tasks` (default: the task family)."""
         b = self.run.bindings()
         return meta_evaluator(b["learned_opt"], b["task_family"], configured(MetaEval))
+
+
+class GinValidation:
+    """A picklable factory of the run's ValidationSelector for an evaluation actor: `GinValidation(run, dir)()`.
+
+    Args:
+      run: the run's GinRun (its config gives the learned optimizer and the `Validation` bindings).
+      output_dir: the run's directory (the selector's cache path names it; the actor writes no file).
+      built: the selector this process built from the same config, returned by calls here; not pickled.
+    """
+
+    def __init__(self, run: GinRun, output_dir: str, built: Any = None):
+        self.run, self.output_dir, self.built = run, output_dir, built
+
+    def __getstate__(self) -> dict:
+        return {"run": self.run, "output_dir": self.output_dir}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["run"], state["output_dir"])
+
+    def __call__(self) -> ot.ValidationSelector:
+        """The ValidationSelector of the `Validation` bindings (`meta_training_run.make_validation_selector`)."""
+        if self.built is not None:
+            return self.built
+        b = self.run.bindings()
+        return make_validation_selector(b["learned_opt"], self.output_dir, configured(Validation))
 
 
 def configured(group: type) -> Any:
@@ -189,7 +241,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       theta_ema: keep a moving average of theta with this decay (e.g. 0.99; `GradientLearner(theta_ema=...)`)
         and use it as the run's result: theta_final.msgpack (the last theta goes to theta_last.msgpack),
         meta-evaluation, validation and the comparison with Adam. None (default): no average, the last theta
-        is the result. Local runs only (refused with `num_workers` > 0).
+        is the result (with Ray workers too: the learner keeps the average).
       theta_init: start meta-training from a meta-trained theta instead of `learned_opt.init(key)`:
         "pretrained:NAME", a theta file or an outer_train checkpoint file, of the same architecture and
         config as `learned_opt` (`learner.meta_training_run.load_theta_init`). A resume continues from its
@@ -219,7 +271,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     """
     meta_eval, comparison, validation = configured(MetaEval), configured(Comparison), configured(Validation)
     reporting, policy = configured(Reporting), configured(CheckpointPolicy)
-    check_run_arguments(num_workers=num_workers, theta_ema=theta_ema, validation=validation, workers=workers)
+    check_run_arguments(num_workers=num_workers, workers=workers)
     config_text = gin.config_str() if config_text is None else config_text
     copies = worker_copies(num_workers, len(estimators))
     learner, ests = build_run(task_family=task_family, learned_opt=learned_opt, trunc_sched=trunc_sched,
@@ -245,11 +297,13 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     with workers.connection() if on_ray else contextlib.nullcontext():
         prepare_output_dir(run, starts_new=starts_new, overwrite=overwrite, config_text=config_text)
         if on_ray:
-            make_run = GinRun(config_text, copies)
+            make_run = GinRun(config_text, copies, built=(learner, ests))  # theta_init read once, here
             make_eval = GinEvaluator(make_run) if meta_eval.every > 0 else None
+            make_valid = GinValidation(make_run, output_dir, built=selector) if selector is not None else None
             state = workers.meta_train(make_run, num_steps, num_workers=num_workers, copies=copies,
                                        weights=estimator_weights, make_evaluator=make_eval,
-                                       eval_every=meta_eval.every, **loop_options)
+                                       eval_every=meta_eval.every, make_validation=make_valid,
+                                       validation_every=validation.every, **loop_options)
         else:
             state = meta_train_locally(learner, ests, num_steps, weights=estimator_weights, meta_evaluator=evaluator,
                                        eval_every=meta_eval.every, validation=selector,

@@ -1,8 +1,8 @@
 """One meta-training run in an output directory, step by step (what scripts/outer_train.py runs).
 
-    check_run_arguments(num_workers=..., theta_ema=..., validation=..., workers=...)
+    check_run_arguments(num_workers=..., workers=...)
     learner, estimators = build_run(task_family=..., ..., copies=worker_copies(num_workers, n))
-    selector = make_validation_selector(learned_opt, output_dir, Validation(every=..., suite=...))  # local only
+    selector = make_validation_selector(learned_opt, output_dir, Validation(every=..., suite=...))
     run, starts_new = check_output_dir(output_dir, policy, run_metadata(learner, estimators, config),
                                        resume=resume, overwrite=overwrite, extend=extend,
                                        num_steps=num_steps)                      # reads, writes nothing
@@ -54,21 +54,18 @@ SCRIPT_RESULTS = RUN_RESULTS + (CONFIG_FILE, COMPARISON_FILE)  # what a run leav
 COMPARISON_SEED_OFFSET = 10_000  # the comparison's key is the run's seed + this
 
 
-def check_run_arguments(*, num_workers: int, theta_ema: Optional[float] = None,
-                        validation: Optional[Validation] = None, workers: Any = None) -> None:
+def check_run_arguments(*, num_workers: int, workers: Any = None) -> None:
     """Refuses settings of a run that could only fail after meta-training, before anything is built.
 
     (Each settings group checks its own fields when it is built; these are the checks across them.)
 
     Args:
       num_workers: Ray worker actors (0: meta-train in this process).
-      theta_ema: the decay of the moving average of theta (None: none); local runs only.
-      validation: the validation selection's settings (None: none); local runs only.
       workers: what runs the workers (e.g. `outer_trainers.distributed.RayWorkers()`); needed with workers.
 
     Raises:
-      ValueError: a negative `num_workers`, workers without `workers`, `theta_ema` or validation with Ray
-        workers; the message names the binding to change.
+      ValueError: a negative `num_workers`, or workers without `workers`; the message names the binding to
+        change.
     """
     if num_workers < 0:
         raise ValueError(f"train.num_workers must be >= 0 (0: no Ray workers), got {num_workers}")
@@ -76,14 +73,6 @@ def check_run_arguments(*, num_workers: int, theta_ema: Optional[float] = None,
         raise ValueError(f"train.num_workers = {num_workers} meta-trains on Ray workers, but nothing runs them: pass "
                          f"workers=outer_trainers.distributed.RayWorkers() (scripts/outer_train.py does), or bind "
                          f"train.workers = @RayWorkers()")
-    if theta_ema is not None and num_workers > 0:
-        raise ValueError(f"train.theta_ema = {theta_ema} (averaging theta) is supported by local meta-training only, "
-                         f"not with Ray workers (train.num_workers = {num_workers}); set train.num_workers = 0, or "
-                         f"remove train.theta_ema")
-    if validation is not None and validation.every > 0 and num_workers > 0:
-        raise ValueError(f"Validation.every = {validation.every} (selecting theta_best on validation tasks) is "
-                         f"supported by local meta-training only, not with Ray workers (train.num_workers = "
-                         f"{num_workers}); set train.num_workers = 0, or Validation.every = 0")
 
 
 def worker_copies(num_workers: int, num_estimators: int) -> int:
