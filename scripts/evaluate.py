@@ -107,7 +107,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="a theta file, an outer_train checkpoint file, pretrained:NAME, or a baseline name (adam, adamw, "
                         "muon, sgdm); repeatable")
     p.add_argument("--theta", help="a theta_final.msgpack (the same as --optimizer PATH)")
-    p.add_argument("--baselines", help=f"comma-separated tuned baselines, of {', '.join(evaluation.baseline_names())} "
+    p.add_argument("--baselines", help=f"comma-separated baselines: tuned ones, of {', '.join(evaluation.baseline_names())}, "
+                                       f"and untuned published learned optimizers, published:NAME (e.g. published:celo_adam) "
                                        f"(default {','.join(evaluation.DEFAULT_BASELINES)}; '' for none)")
     p.add_argument("--task", action="append", default=[], help="e.g. 'QuadraticFamily(dim=4)' (repeatable)")
     p.add_argument("--num_steps", type=int, help="steps per run of --task tasks (sets evaluate.num_steps)")

@@ -4,9 +4,12 @@
     run = run_learned(opts[0], family, num_steps, cfgs, run_keys, eval_split="test", sequential=False)
 
 A spec is a baseline name (`tuning.baseline_names()`: tuned like a baseline), "pretrained:NAME"
-(`lopt.pretrained.load(NAME, num_steps=...)`), a theta file (`lopt.save_theta`) or a checkpoint
-file of an `outer_train` run (`outer_trainers.theta_from_checkpoint`). A learned optimizer is told
-each task's step budget as its horizon and is never tuned.
+(`lopt.pretrained.load(NAME, num_steps=...)`), "published:NAME" (`lopt.published.load(NAME,
+num_steps=...)`: another authors' learned optimizer, e.g. published:celo_adam), a theta file
+(`lopt.save_theta`) or a checkpoint file of an `outer_train` run
+(`outer_trainers.theta_from_checkpoint`). A learned optimizer is told each task's step budget as
+its horizon and is never tuned. "published:NAME" is also an untuned baseline (`--baselines
+adam,published:celo_adam`): it runs once per task and every optimizer is scored against it.
 """
 from __future__ import annotations
 
@@ -22,19 +25,32 @@ from outer_trainers.runs import theta_from_file
 from tasks.base import TaskFamily
 
 PRETRAINED = "pretrained:"
+PUBLISHED = "published:"
+
+
+def is_untuned_baseline(spec: str) -> bool:
+    """Whether a baseline spec is an untuned learned one ("published:NAME"), run as it is rather than tuned."""
+    return isinstance(spec, str) and spec.startswith(PUBLISHED)
+
+
+def untuned_baseline_names() -> list[str]:
+    """The untuned baselines: "published:NAME" for every `lopt.published.names()`."""
+    from lopt import published
+    return [PUBLISHED + n for n in published.names()]
 
 
 def resolve_optimizer(spec: str, label: str) -> dict:
     """What an optimizer spec names, loaded and checked.
 
     Args:
-      spec: a baseline name, "pretrained:NAME", a theta file path or an outer_train checkpoint file.
+      spec: a baseline name, "pretrained:NAME", "published:NAME", a theta file path or an outer_train
+        checkpoint file.
       label: the optimizer's name in the results.
 
     Returns:
-      `{"label", "spec", "kind": "baseline" | "pretrained" | "theta", ...}` with the learned
-      optimizer and theta for a theta file ("learned_opt", "theta"), the pretrained name and the
-      `lopt.pretrained` module for "pretrained:" ("name", "module").
+      `{"label", "spec", "kind": "baseline" | "pretrained" | "published" | "theta", ...}` with the
+      learned optimizer and theta for a theta file ("learned_opt", "theta"), the name and the
+      `lopt.pretrained` / `lopt.published` module for "pretrained:" / "published:" ("name", "module").
 
     Raises:
       ValueError: an unknown pretrained name (or lopt.pretrained without `load`), or an unreadable theta file.
@@ -54,6 +70,13 @@ def resolve_optimizer(spec: str, label: str) -> dict:
             raise ValueError(f"evaluate: --optimizer {spec}: no pretrained optimizer named {name!r}; "
                              f"lopt.pretrained.names() = {list(pretrained.names())}")
         return {"label": label, "spec": spec, "kind": "pretrained", "name": name, "module": pretrained}
+    if spec.startswith(PUBLISHED):
+        from lopt import published
+        name = spec[len(PUBLISHED):]
+        if name not in published.names():
+            raise ValueError(f"evaluate: {spec}: no published optimizer named {name!r}; "
+                             f"lopt.published.names() = {published.names()}")
+        return {"label": label, "spec": spec, "kind": "published", "name": name, "module": published}
     if not os.path.isfile(spec):
         raise ValueError(f"evaluate: --optimizer {spec!r} is neither a baseline ({', '.join(baseline_names())}), "
                          f"nor pretrained:NAME, nor an existing theta or checkpoint file")
@@ -67,7 +90,7 @@ def resolve_optimizer(spec: str, label: str) -> dict:
 def optimizer_labels(specs: Sequence[str]) -> list[str]:
     """The names of the optimizers in the results, one per spec.
 
-    A baseline keeps its name, "pretrained:NAME" too; a single theta or checkpoint file is
+    A baseline keeps its name, "pretrained:NAME" and "published:NAME" too; a single theta or checkpoint file is
     "learned", several are their file stems; a name taken already gets "_i" appended (i its index).
 
     Args:
@@ -76,7 +99,7 @@ def optimizer_labels(specs: Sequence[str]) -> list[str]:
     Returns:
       the labels, unique, in the order of `specs`.
     """
-    files = [s for s in specs if s not in baseline_names() and not s.startswith(PRETRAINED)]
+    files = [s for s in specs if s not in baseline_names() and not s.startswith((PRETRAINED, PUBLISHED))]
     labels = []
     for s in specs:
         if s in files:
@@ -89,14 +112,14 @@ def optimizer_labels(specs: Sequence[str]) -> list[str]:
 
 def run_learned(opt: dict, family: TaskFamily, num_steps: int, cfgs: Any, run_keys: jax.Array, *,
                 eval_split: str, sequential: bool) -> dict:
-    """Trains every seed with a learned optimizer (a theta file or a pretrained one), told `num_steps`.
+    """Trains every seed with a learned optimizer (a theta file, a pretrained or a published one), told `num_steps`.
 
     The optimizer is `learned_opt.opt_fn(theta, num_steps=num_steps)` for a theta file and
-    `lopt.pretrained.load(name, num_steps=num_steps)` for a pretrained one: the horizon a user
-    would give it for a run of `num_steps` steps.
+    `lopt.pretrained.load` / `lopt.published.load(name, num_steps=num_steps)` for a pretrained /
+    published one: the horizon a user would give it for a run of `num_steps` steps.
 
     Args:
-      opt: a `resolve_optimizer` result of kind "theta" or "pretrained".
+      opt: a `resolve_optimizer` result of kind "theta", "pretrained" or "published".
       family: the task family `cfgs` were drawn from.
       num_steps: training steps per run, also the optimizer's horizon.
       cfgs: S task cfgs.

@@ -37,7 +37,8 @@ import jax
 
 from outer_trainers.evaluation.aggregate import performance_profile, summarize
 from outer_trainers.evaluation.curves import plot_curves, plot_performance_profile, save_curves
-from outer_trainers.evaluation.optimizer_specs import optimizer_labels, resolve_optimizer, run_learned
+from outer_trainers.evaluation.optimizer_specs import (is_untuned_baseline, optimizer_labels, resolve_optimizer,
+                                                        run_learned)
 from outer_trainers.evaluation.report import results_json, results_markdown, write_csv, write_json, write_text
 from outer_trainers.evaluation.scores import COLLAPSE_MARGIN, compare_runs, trivial_loss_of
 from outer_trainers.evaluation.task_plan import check_arguments
@@ -134,7 +135,7 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
       num_steps: training steps per run (also each learned optimizer's horizon).
       seeds: one task draw and run key per seed.
       optimizers: `resolve_optimizer` results.
-      baselines: baseline names, each tuned.
+      baselines: baseline names, each tuned; "published:NAME" ones run once, untuned.
       grids: {baseline name: its starting learning-rate grid}.
       eval_split: the data split of the held-out loss after training.
       momentum: SGD's momentum.
@@ -167,7 +168,10 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
         if name in tuned:
             continue
         start = time.perf_counter()
-        runs += tune(name, name)
+        if is_untuned_baseline(name):  # published:NAME: run once, as its authors released it
+            runs.append(run_learned(resolve_optimizer(name, name), family, num_steps, cfgs, run_keys, **common))
+        else:
+            runs += tune(name, name)
         seconds[name] = time.perf_counter() - start
     return runs, seconds
 
@@ -198,7 +202,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
       tasks: Tasks or TaskFamilies instead of a suite; a repeated name gets its index appended.
       num_steps: training steps per run of `tasks`.
       num_seeds: task draws (and run keys) per task of `tasks`, seeds 0 .. num_seeds - 1.
-      baselines: the tuned baselines each optimizer is compared with (`tuning.baseline_names()`).
+      baselines: the baselines each optimizer is compared with: tuned (`tuning.baseline_names()`) or
+        untuned published learned optimizers ("published:NAME", `optimizer_specs.untuned_baseline_names()`).
       tuning: how the baselines are tuned: their starting grids, SGD's momentum, AdamW's weight decay and
         the most grid extensions (`BaselineTuning`).
       eval_split: the data split of the held-out loss of `tasks` (a suite task has its own).
@@ -251,7 +256,7 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     profile = performance_profile(results)
     total, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
     meta = {"suite": suite, "optimizers": {o["label"]: o["spec"] for o in opts}, "baselines": list(baselines),
-            "protocol": {"grid": {b: list(grids[b]) for b in baselines}, "extend_by": 2,
+            "protocol": {"grid": {b: list(grids[b]) for b in baselines if b in grids}, "extend_by": 2,
                          "max_extensions": max_extensions, "tuning": "lowest median over seeds of the final "
                          "train loss; a diverged seed loses", "final_train": "mean train loss of the last 10% "
                          "of steps", "statistic": "median over seeds", "speedup": "see outer_trainers.evaluation.protocol",
@@ -272,7 +277,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     save_curves(os.path.join(output_dir, "curves.npz"), results)
     write_json(os.path.join(output_dir, "results.json"), doc)
     what = f"suite {suite}" if suite else f"{len(results)} tasks"
-    title = f"{', '.join(o['label'] for o in opts)} vs tuned {', '.join(baselines)} on {what}"
+    named = [f"{b} (untuned)" if is_untuned_baseline(b) else b for b in baselines]
+    title = f"{', '.join(o['label'] for o in opts)} vs tuned {', '.join(named)} on {what}"
     text = results_markdown(title, comparisons, summary, results, {t: i["num_steps"] for t, i in info.items()},
                             total, cpu, profile, plots)
     write_text(os.path.join(output_dir, "results.md"), text)

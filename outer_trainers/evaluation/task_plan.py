@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple, Optional, Sequence
 
+from outer_trainers.evaluation.optimizer_specs import untuned_baseline_names
 from outer_trainers.evaluation.tuning import baseline_names, check_learning_rates
 from tasks import suites
 from tasks.base import Task, TaskFamily, check_count, single_task_family
@@ -51,7 +52,7 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
       tasks: Tasks or TaskFamilies (at least one without a suite; none with one).
       num_steps: training steps per run of `tasks` (>= 1).
       num_seeds: task draws per task of `tasks` (>= 1).
-      baselines: baseline names (each known).
+      baselines: baseline names (each known: tuned, or an untuned "published:NAME").
       grids: {baseline: its learning-rate grid} (each used one non-empty, finite, > 0).
       momentum: SGD's momentum, in [0, 1).
       eval_split: a split of every task's data.
@@ -66,9 +67,11 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
     """
     check_count(num_steps, "evaluate: num_steps (--num_steps)")
     check_count(num_seeds, "evaluate: num_seeds (--num_seeds)")
-    unknown = [b for b in baselines if b not in baseline_names()]
+    untuned = untuned_baseline_names()
+    unknown = [b for b in baselines if b not in baseline_names() and b not in untuned]
     if unknown:
-        raise ValueError(f"evaluate: unknown baselines {unknown} (--baselines); choose from {baseline_names()}")
+        raise ValueError(f"evaluate: unknown baselines {unknown} (--baselines); choose from {baseline_names()} "
+                         f"(tuned) or {untuned} (untuned)")
     for name, grid in grids.items():
         check_learning_rates(grid, f"evaluate: {name}_lrs")
     if not 0.0 <= momentum < 1.0:
