@@ -1,11 +1,13 @@
 """Sphinx configuration of the lopt documentation site.
 
-Build it locally (the tutorials execute, cached under docs/_build/.jupyter_cache):
+Build it locally, as README.md says (the tutorials execute, cached under docs/_build/.jupyter_cache;
+-W: a warning is an error):
 
-    pip install -e ".[docs]" && sphinx-build -b html docs docs/_build/html
+    pip install -e ".[docs]" && sphinx-build -W -b html docs docs/_build/html
 
-The test suite builds it in strict mode without executing the notebooks a second time
-(tests/docs/test_docs_build.py sets LOPT_DOCS_EXECUTE=off and passes -W --keep-going -n).
+Add `-D nb_execution_mode=off` for the pages without the tutorials' outputs (no execution).
+The test suite runs that same command, plus -n (every cross-reference resolves), on a fresh copy
+of docs/ with LOPT_TUTORIAL_FAST=1 (tests/docs/conftest.py).
 No extension here touches the network (no intersphinx): references to third-party types are
 listed in nitpick_ignore_regex below instead.
 """
@@ -109,11 +111,11 @@ def setup(app):
 
 
 # --- notebooks (MyST markdown notebooks in tutorials/, see tutorials/README.md) ----------------
-# "cache" for a full local build (run once, re-run when a tutorial changes); the strict test
-# build passes LOPT_DOCS_EXECUTE=off because tests/docs/test_tutorials.py executes them already.
-nb_execution_mode = os.environ.get("LOPT_DOCS_EXECUTE", "cache")
+# Executed when the site is built, and cached: a tutorial runs again only when it changes.
+nb_execution_mode = "cache"
 nb_execution_timeout = 1800
-nb_execution_raise_on_error = True
+nb_execution_raise_on_error = True     # a failing tutorial fails the build
+nb_execution_show_tb = True            # ... and the build's output shows the cell's traceback
 nb_execution_cache_path = os.path.join(os.path.dirname(__file__), "_build", ".jupyter_cache")
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
 myst_heading_anchors = 3

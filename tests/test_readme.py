@@ -55,3 +55,13 @@ def test_readme_pretrained_optimizer_is_shipped():
 
     names = re.findall(r'lopt\.pretrained\.load\("([^"]+)"', _read("README.md"))
     assert names and all(n in lopt.pretrained.names() for n in names), names
+
+
+def test_readme_docs_command_is_strict_and_is_what_the_docs_test_runs():
+    """README promises a warning-free site: its docs command has -W, and tests/docs/conftest.py runs it."""
+    from tests.docs.conftest import readme_docs_command
+
+    args = readme_docs_command()
+    assert "-W" in args, f"README's sphinx-build command lacks -W: {args}"
+    assert args[-2:] == ["docs", "docs/_build/html"], args
+    assert 'pip install -e ".[docs]" && sphinx-build ' + " ".join(args) in _read("README.md").splitlines()
