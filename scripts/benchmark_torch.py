@@ -1,18 +1,22 @@
-"""Time one step of the shipped optimizer exported to PyTorch (lopt.torch) against torch.optim.Adam.
+"""Time one step of the shipped optimizers exported to PyTorch (lopt.torch) against torch's AdamW and Muon.
 
-    python scripts/benchmark_torch.py                          # 1M and 10M parameters, a markdown table
-    python scripts/benchmark_torch.py --sizes 1M --repeats 30 --threads 1
+    python scripts/benchmark_torch.py                          # 1M and 10M MLPs and the tiny GPT-2, a markdown table
+    python scripts/benchmark_torch.py --sizes 1M gpt2 --repeats 30 --threads 1
     python scripts/benchmark_torch.py --widths 64,32,10 --repeats 3   # any MLP
 
-The model is an MLP of torch nn.Linear layers (the widths of scripts/benchmark_optimizers.py:
-~1.0M and ~9.5M float32 parameters) with fixed random gradients. For each size every optimizer
-is built, warmed up, then `optimizer.step()` alone is timed `--repeats` times, the optimizers
-interleaved round-robin so that a noisy neighbour slows them all alike; the table reports the
-medians, their ratio to Adam's, and the bytes of optimizer state per parameter. The optimizers:
-torch.optim.Adam (lr 1e-3; torch's default implementation, `foreach` on CPU), the same with
-`fused=True` where torch supports it on the device, and `lopt.torch.optimizer(name,
-num_steps=1000)` for the shipped "normmlp_v3" and "celo2_v4" (given the loss, as a closure would). `--device cuda` times on a GPU
-(synchronised around each step).
+The models: MLPs of torch nn.Linear layers (the widths of scripts/benchmark_optimizers.py: ~1.0M
+and ~9.5M float32 parameters) and "gpt2", a GPT-2 built from a config (2 layers, width 128, byte
+vocabulary: ~0.44M parameters; needs transformers), each with fixed random gradients. For each
+model every optimizer is built, warmed up, then `optimizer.step()` alone is timed `--repeats`
+times, the optimizers interleaved round-robin so that a noisy neighbour slows them all alike; the
+table reports the medians, their ratios to AdamW's (foreach) and to Muon + AdamW's, and the bytes
+of optimizer state per parameter. The optimizers: torch.optim.AdamW (lr 1e-3; torch's default
+implementation, `foreach` on CPU), the same with `fused=True` where torch supports it on the
+device, "Muon + AdamW" (torch.optim.Muon on the 2-D weight matrices, AdamW on the rest, where the
+installed torch has Muon: the reference of the Celo2 family, which orthogonalizes the same
+matrices), and `lopt.torch.optimizer(name, model, num_steps=1000)` for the shipped "normmlp_v3"
+and "celo2_v5" (roles read from the model's modules; given the loss, as a closure would).
+`--device cuda` times on a GPU (synchronised around each step).
 """
 from __future__ import annotations
 
@@ -27,48 +31,74 @@ import torch
 import lopt.torch
 
 # layer widths, input first: ~1.0M and ~9.5M parameters (as scripts/benchmark_optimizers.py)
-MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10)}
-SHIPPED = ("normmlp_v3", "celo2_v4")  # lopt.pretrained names timed through lopt.torch
+MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10), "gpt2": "gpt2"}
+SHIPPED = ("normmlp_v3", "celo2_v5")  # lopt.pretrained names timed through lopt.torch
 
 
-def model_params(widths: Sequence[int], device: str = "cpu", seed: int = 0) -> list[torch.nn.Parameter]:
-    """The parameters of an MLP of nn.Linear layers, each with a fixed random gradient.
+def build_model(widths, device: str = "cpu", seed: int = 0) -> torch.nn.Module:
+    """An MLP of nn.Linear layers (widths, input first) or, for "gpt2", the tiny GPT-2 (2 layers,
+    width 128, byte vocabulary), every parameter with a fixed random gradient.
 
     Args:
-      widths: layer widths, input first.
-      device: where they live.
+      widths: layer widths, input first, or "gpt2".
+      device: where it lives.
       seed: the seed of the weights and gradients.
 
     Returns:
-      The weights [out, in] and biases [out] of every layer.
+      The module.
     """
+    torch.manual_seed(seed)
+    if widths == "gpt2":
+        import transformers
+        config = transformers.GPT2Config(vocab_size=256, n_positions=256, n_embd=128, n_layer=2, n_head=4,
+                                         bos_token_id=0, eos_token_id=0)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        model = torch.nn.Sequential(*[torch.nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:])])
+    model = model.to(device)
     gen = torch.Generator().manual_seed(seed)
-    params = []
-    for a, b in zip(widths[:-1], widths[1:]):
-        for shape in ((b, a), (b,)):
-            p = torch.nn.Parameter((torch.randn(shape, generator=gen) / a ** 0.5).to(device))
-            p.grad = (torch.randn(shape, generator=gen) * 1e-2).to(device)
-            params.append(p)
-    return params
+    for p in model.parameters():
+        p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(device)
+    return model
 
 
-def optimizers(device: str) -> dict[str, Callable[[list], torch.optim.Optimizer]]:
-    """The benchmarked optimizers by name: factories params -> optimizer."""
-    out = {"torch.optim.Adam": lambda ps: torch.optim.Adam(ps, lr=1e-3)}
+class MuonAdamW(torch.optim.Optimizer):
+    """torch.optim.Muon on the 2-D weight matrices, torch.optim.AdamW on the rest, stepped together."""
+
+    def __init__(self, model: torch.nn.Module, lr: float = 1e-3):
+        embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        params = list(model.parameters())
+        matrices = [p for p in params if p.ndim == 2 and id(p) not in embeddings]
+        rest = [p for p in params if p.ndim != 2 or id(p) in embeddings]
+        self.muon = torch.optim.Muon(matrices, lr=0.02)
+        self.adamw = torch.optim.AdamW(rest, lr=lr)
+        super().__init__(params, {})
+
+    def step(self, closure=None):
+        self.muon.step()
+        self.adamw.step()
+
+
+def optimizers(device: str) -> dict[str, Callable[[torch.nn.Module], torch.optim.Optimizer]]:
+    """The benchmarked optimizers by name: factories model -> optimizer (AdamW foreach first)."""
+    out = {"torch.optim.AdamW": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True)}
     try:
-        torch.optim.Adam([torch.nn.Parameter(torch.zeros(1, device=device))], lr=1e-3, fused=True)
-        out["torch.optim.Adam(fused=True)"] = lambda ps: torch.optim.Adam(ps, lr=1e-3, fused=True)
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1, device=device))], lr=1e-3, fused=True)
+        out["torch.optim.AdamW(fused=True)"] = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True)
     except (RuntimeError, TypeError, ValueError):
         pass
+    if hasattr(torch.optim, "Muon"):
+        out["Muon + AdamW"] = MuonAdamW
     for name in SHIPPED:
-        out[f"lopt.torch {name}"] = lambda ps, name=name: lopt.torch.optimizer(name, ps, num_steps=1000)
+        out[f"lopt.torch {name}"] = lambda m, name=name: lopt.torch.optimizer(name, m, num_steps=1000)
     return out
 
 
 def state_bytes_per_param(opt: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> float:
     """Bytes of the optimizer's state tensors per parameter."""
     n = sum(p.numel() for p in params)
-    total = sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values()
+    states = [opt.muon.state, opt.adamw.state] if isinstance(opt, MuonAdamW) else [opt.state]
+    total = sum(v.numel() * v.element_size() for state in states for st in state.values() for v in st.values()
                 if isinstance(v, torch.Tensor))
     return total / n
 
@@ -78,7 +108,7 @@ def bench_size(widths: Sequence[int], repeats: int = 20, warmup: int = 3, device
     """Median step time of each optimizer on one model, interleaved.
 
     Args:
-      widths: the MLP's layer widths.
+      widths: the MLP's layer widths, or "gpt2".
       repeats: timed steps per optimizer (interleaved round-robin).
       warmup: untimed steps per optimizer first.
       device: "cpu" or "cuda".
@@ -91,8 +121,8 @@ def bench_size(widths: Sequence[int], repeats: int = 20, warmup: int = 3, device
     names = list(makers) if names is None else list(names)
     runs = {}
     for name in names:
-        params = model_params(widths, device)
-        runs[name] = (params, makers[name](params))
+        model = build_model(widths, device)
+        runs[name] = (list(model.parameters()), makers[name](model))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def one(opt):
@@ -115,13 +145,16 @@ def bench_size(widths: Sequence[int], repeats: int = 20, warmup: int = 3, device
 
 
 def markdown_table(results: dict[str, tuple[int, dict[str, tuple[float, float]]]]) -> str:
-    """The results of `bench_size` per model label as a markdown table (ratios to the first optimizer)."""
-    lines = ["| model | parameters | optimizer | median step (ms) | / Adam | state bytes / param |",
-             "|---|---:|---|---:|---:|---:|"]
+    """The results of `bench_size` per model label as a markdown table (ratios to the first optimizer,
+    AdamW foreach, and to Muon + AdamW where it ran)."""
+    lines = ["| model | parameters | optimizer | median step (ms) | / AdamW | / Muon + AdamW | state bytes / param |",
+             "|---|---:|---|---:|---:|---:|---:|"]
     for label, (n, res) in results.items():
         base = next(iter(res.values()))[0]
+        muon = res.get("Muon + AdamW", (None,))[0]
         for name, (s, state) in res.items():
-            lines.append(f"| {label} | {n:,} | {name} | {s * 1e3:.2f} | {s / base:.2f}x | {state:.1f} |")
+            vs_muon = f"{s / muon:.2f}x" if muon else "-"
+            lines.append(f"| {label} | {n:,} | {name} | {s * 1e3:.2f} | {s / base:.2f}x | {vs_muon} | {state:.1f} |")
     return "\n".join(lines)
 
 
