@@ -1,8 +1,14 @@
 """Use a meta-trained lopt optimizer from PyTorch: `lopt.torch.optimizer(source, params, num_steps=N)`.
 
     import lopt.torch
-    opt = lopt.torch.optimizer("normmlp_v3", model.parameters(), num_steps=1000)
+    opt = lopt.torch.optimizer("celo2_v5", model, num_steps=1000)   # roles read from model's modules
     opt.step(closure)                       # the closure returns the loss (the shipped ones read it)
+
+    optimizer, scheduler = lopt.torch.hf.optimizers(model, args, source="celo2_v5")   # a HF Trainer
+
+`lr` is a multiplier of the learned step (1: as meta-trained, with its own schedule over
+num_steps), not a learning rate (`lopt.torch.schedules`). `lopt.torch.hf` (import it; it needs
+transformers) gives a Hugging Face Trainer its optimizer, a constant scheduler and the loss.
 
 `source` is a shipped name (`lopt.pretrained.names()`), a theta file (`lopt.save_theta`), or a
 `(learned_opt, theta)` pair; every architecture of `lopt.architectures()` has a torch rule.
@@ -12,7 +18,8 @@ architecture's public configuration, so it runs torch-native on any device, CPU 
 JAX call per step. The modules mirror the JAX ones by name: `lopt.torch.archs.<module>` (one rule
 per architecture of `lopt.archs.<module>`; no architecture module imports another),
 `lopt.torch.parts.<module>` (the torch versions of the `lopt.parts` they share),
-`lopt.torch.rules.<module>` (of `lopt.rules`) and `lopt.torch.param_roles`. tests/lopt/torch checks
+`lopt.torch.rules.<module>` (of `lopt.rules`) and `lopt.torch.param_roles` (roles read from
+modules: `module_roles`). tests/lopt/torch checks
 that each matches the JAX transform `learned_opt.opt_fn(theta, num_steps=N)`, fed the same
 gradients and losses.
 
