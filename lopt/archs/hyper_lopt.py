@@ -10,8 +10,8 @@ MLP weights (P numbers),
     lr_i = exp(h_i · w_lr),
 
 so every tensor gets its own small MLP, re-generated every step. The per-parameter features are
-AdafacMLPLOpt's (momenta, RMS, factored second moments; F = 28 by default, RMS-normalised per
-tensor) and the output is Δp = −d · exp(m · exp_mult) · step_mult · lr_i. The defaults (LSTM 16,
+AdafacMLPLOpt's (`lopt.parts.factored`: momenta, RMS, factored second moments; F = 28 by
+default, RMS-normalised per tensor) and the output is Δp = −d · exp(m · exp_mult) · step_mult · lr_i. The defaults (LSTM 16,
 MLP hidden 4) keep one step cheap and theta at ~6k numbers, so it meta-trains on a CPU;
 VeLO itself used a much larger LSTM and ran ES for ~4000 TPU-months.
 `loss=` is optional (loss features 0 without); `num_steps=None` zeroes the progress features.
@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt.archs import adafac_mlp_lopt as adafac
-from lopt.archs.adafac_mlp_lopt import AdafacState
+from lopt.parts import factored
+from lopt.parts.factored import AdafacState
 from lopt.parts import features as ft
 from lopt.base import LearnedOptimizer, layout_option
-from lopt.parts.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
+from lopt.parts.nn import dense_init, elementwise_mlp, lstm_fields, lstm_init, lstm_step
+from lopt.parts.spec import ArchSpec
 from lopt.parts import tree_checks
 
 
@@ -51,7 +52,7 @@ class HyperLOpt(LearnedOptimizer):
     """Per-tensor LSTM hypernetwork emitting each tensor's per-parameter MLP weights.
 
     The math is in the module docstring. Theta: {"lstm": `lopt.parts.nn.lstm_init`, "generator" G [H, P],
-    "w_base" [P], "w_lr" [H], "decays": `adafac_mlp_lopt.decay_logits(...)`} (decays learned as
+    "w_base" [P], "w_lr" [H], "decays": `lopt.parts.factored.decay_logits(...)`} (decays learned as
     β = σ(θ_β), as in AdafacMLPLOpt).
 
     Args:
@@ -87,7 +88,20 @@ class HyperLOpt(LearnedOptimizer):
     @property
     def num_features(self) -> int:
         """F, the number of per-parameter features (28 with the default decays)."""
-        return adafac.num_leaf_features(len(self.momentum_decays), len(self.adafactor_decays))
+        return self.spec().num_features
+
+    def spec(self) -> ArchSpec:
+        """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
+
+        Returns:
+          features `factored.feature_names(K_m, K_f)`; constants "eps" (`features.EPS`),
+          "row_eps" (`factored.ROW_EPS`); state `factored.state_fields` (the `AdafacState`
+          "accumulators"), "lstm_h", "lstm_c" ([H] per tensor) and "loss_state".
+        """
+        n_mom, n_fac = len(self.momentum_decays), len(self.adafactor_decays)
+        return ArchSpec("HyperLOpt", factored.feature_names(n_mom, n_fac),
+                        {"eps": ft.EPS, "row_eps": factored.ROW_EPS},
+                        factored.state_fields(n_mom, n_fac) + lstm_fields(self.lstm_hidden) + (ft.loss_state_field(),))
 
     def layer_shapes(self) -> list[tuple[int, int]]:
         """The generated MLP's (fan_in, fan_out) per layer: [(F, H), (H, H) × (mlp_layers − 1), (H, 2)],
@@ -118,17 +132,18 @@ class HyperLOpt(LearnedOptimizer):
         return {"lstm": lstm_init(keys[0], n_in, hl),
                 "generator": jax.random.normal(keys[1], (hl, self.num_generated), jnp.float32) / hl ** 0.5,
                 "w_base": jnp.concatenate(base), "w_lr": jnp.zeros((hl,), jnp.float32),
-                "decays": adafac.decay_logits(self.momentum_decays, self.rms_decay, self.adafactor_decays)}
+                "decays": factored.decay_logits(self.momentum_decays, self.rms_decay, self.adafactor_decays)}
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None,
                is_training: bool = False) -> optax.GradientTransformationExtraArgs:
         del is_training
         self.check_theta(theta, "HyperLOpt.opt_fn")
         n_mom, n_fac, hl = len(self.momentum_decays), len(self.adafactor_decays), self.lstm_hidden
+        eps = self.spec().constants["eps"]
 
         def init_fn(params):
             n = len(jax.tree_util.tree_leaves(params))
-            acc = adafac.init_state(params, n_mom, n_fac)
+            acc = factored.init_state(params, n_mom, n_fac)
             return HyperLOptState(acc, jnp.zeros((n, hl), jnp.float32), jnp.zeros((n, hl), jnp.float32),
                                   ft.init_loss_state())
 
@@ -145,17 +160,17 @@ class HyperLOpt(LearnedOptimizer):
             dec = jax.tree_util.tree_map(jax.nn.sigmoid, theta["decays"])
             accs, feats, stats = [], [], []
             for g, p, m, v, row, col in zip(gs, ps, ms, vs, rows, cols):
-                acc = adafac.LeafAccum(m, v, row, col)
+                acc = factored.LeafAccum(m, v, row, col)
                 if jnp.size(p) == 0:
                     accs.append(acc)
                     feats.append(None)
                     stats.append(jnp.ones((self.num_features,), jnp.float32))
                     continue
                 g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
-                acc = adafac.accumulate(g32, acc, dec["momentum"], dec["rms"][0], dec["adafactor"])
+                acc = factored.accumulate(g32, acc, dec["momentum"], dec["rms"][0], dec["adafactor"])
                 accs.append(acc)
-                feats.append(adafac.leaf_features(g32, p32, acc))
-                stats.append(adafac.feature_mean_squares(g32, p32, acc, layout=self.update_layout))
+                feats.append(factored.leaf_features(g32, p32, acc))
+                stats.append(factored.feature_mean_squares(g32, p32, acc, layout=self.update_layout))
             stats = jnp.stack(stats)                                                     # [L, F]
             ctx = ft.context_features(acc_state.iteration, self.timescales, num_steps, loss_f)
             z = ft.tensor_lstm_inputs(stats, ps, ctx)
@@ -170,12 +185,12 @@ class HyperLOpt(LearnedOptimizer):
                     continue
                 layers = self._unflatten_mlp(weights[i])
                 w1, b1 = layers[0]
-                layers[0] = (w1 * jax.lax.rsqrt(stats[i] + ft.EPS)[:, None], b1)
+                layers[0] = (w1 * jax.lax.rsqrt(stats[i] + eps)[:, None], b1)
                 d, mag = elementwise_mlp(x, layers)
                 step = d * jnp.exp(mag * self.exp_mult) * (self.step_mult * lr_mult[i])
                 new_u.append(jnp.broadcast_to(-step, jnp.shape(p)).astype(jnp.result_type(p)))
             unf = treedef.unflatten
-            new_acc = adafac.AdafacState(*(unf([a[k] for a in accs]) for k in range(4)), acc_state.iteration + 1)
+            new_acc = factored.AdafacState(*(unf([a[k] for a in accs]) for k in range(4)), acc_state.iteration + 1)
             return unf(new_u), HyperLOptState(new_acc, h, c, loss_state)
 
         return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -19,6 +19,7 @@ import optax
 from lopt.parts import features as ft
 from lopt.base import LearnedOptimizer
 from lopt.parts.nn import logit
+from lopt.parts.spec import PARAM, ArchSpec, StateField, iteration_field
 from lopt.parts import tree_checks
 
 
@@ -69,6 +70,10 @@ class LearnableSGD(LearnedOptimizer):
 
     learning_rate: float = 1e-2
 
+    def spec(self) -> ArchSpec:
+        """Its spec (`lopt.parts.spec`): no features, no constants, no state (optax.sgd's)."""
+        return ArchSpec("LearnableSGD", (), {}, ())
+
     def init(self, key: jax.Array) -> dict:
         del key
         return {"log_lr": _scalar(math.log(self.learning_rate))}
@@ -90,6 +95,10 @@ class LearnableSGDM(LearnedOptimizer):
 
     learning_rate: float = 1e-2
     momentum: float = 0.9
+
+    def spec(self) -> ArchSpec:
+        """Its spec (`lopt.parts.spec`): no features or constants; state optax.trace's "trace" (like p)."""
+        return ArchSpec("LearnableSGDM", (), {}, (StateField("trace", PARAM, doc="t ← g + μ t"),))
 
     def init(self, key: jax.Array) -> dict:
         del key
@@ -118,6 +127,12 @@ class LearnableAdam(LearnedOptimizer):
     b1: float = 0.9
     b2: float = 0.999
     eps: float = 1e-8
+
+    def spec(self) -> ArchSpec:
+        """Its spec (`lopt.parts.spec`): no features or constants; state optax.scale_by_adam's
+        "count" (the update count), "mu" and "nu" (like p)."""
+        return ArchSpec("LearnableAdam", (), {}, (iteration_field("count"), StateField("mu", PARAM, doc="m"),
+                                                  StateField("nu", PARAM, doc="v")))
 
     def init(self, key: jax.Array) -> dict:
         del key

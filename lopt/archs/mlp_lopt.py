@@ -43,10 +43,11 @@ import optax
 
 from lopt.parts import features as ft
 from lopt.base import LearnedOptimizer, layout_option, speed_option
-from lopt.parts.moment_features import (MomentFeatures, accumulate, feature_sum_squares, init_accumulators,
-                                        leaf_features)
+from lopt.parts.moment_features import (MomentFeatures, accumulate, accumulator_fields, feature_names,
+                                        feature_sum_squares, init_accumulators, leaf_features)
 from lopt.parts.layout import blockwise_map
 from lopt.parts.nn import per_param_mlp_init, shared_bias
+from lopt.parts.spec import ArchSpec, iteration_field
 from lopt.parts import tree_checks
 
 DECAYS = (0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
@@ -120,6 +121,16 @@ class MLPLOpt(MomentFeatures, LearnedOptimizer):
         """
         return min(self.chunk_size, n) if self.chunk_size else self.update_layout.block_size(n)
 
+    def spec(self) -> ArchSpec:
+        """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
+
+        Returns:
+          features `moment_features.feature_names(K)`; constants "eps" (`features.EPS`); state
+          "momenta", "second_moment" (`moment_features.accumulator_fields`) and "iteration".
+        """
+        return ArchSpec("MLPLOpt", feature_names(len(self.decays)), {"eps": ft.EPS},
+                        accumulator_fields(len(self.decays)) + (iteration_field(),))
+
     def init(self, key: jax.Array) -> dict:
         return per_param_mlp_init(key, self.num_features, len(self.timescales),
                                   ft.NUM_PROGRESS if self.use_num_steps else 0, self.hidden_size, self.hidden_layers)
@@ -143,6 +154,7 @@ class MLPLOpt(MomentFeatures, LearnedOptimizer):
         self.check_theta(theta, "MLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mom_idx, layout = self.momentum_index, self.update_layout
+        eps = self.spec().constants["eps"]
 
         def init_fn(params):
             return MLPLOptState(*init_accumulators(params, len(self.decays)), jnp.zeros((), jnp.int32))
@@ -186,7 +198,7 @@ class MLPLOpt(MomentFeatures, LearnedOptimizer):
             m, v = m.reshape(k, n), v.reshape(-1)
             # (feats / rms) @ W1 == feats @ (W1 / rms[:, None]): per-tensor RMS normalisation folded into W1
             sum_sq = feature_sum_squares(g32, p32, m, v, mom_idx, layout)
-            w1t = (theta["input"]["w"] * jax.lax.rsqrt(sum_sq / n + ft.EPS)[:, None]).T  # W1'ᵀ [H, F]
+            w1t = (theta["input"]["w"] * jax.lax.rsqrt(sum_sq / n + eps)[:, None]).T  # W1'ᵀ [H, F]
             if n < self.column_min_size:  # small tensors: row-major [n, F] @ [F, H] is cheaper
                 out = mlp_rows(w1t.T, first_bias, jnp.stack(leaf_features(g32, p32, m, v, mom_idx), axis=-1))
                 step = to_step(out.T)[0]

@@ -25,10 +25,13 @@ import optax
 
 from lopt.parts import features as ft
 from lopt.base import LearnedOptimizer
-from lopt.parts.nn import logit, lstm_init, lstm_step
+from lopt.parts.nn import logit, lstm_fields, lstm_init, lstm_step
+from lopt.parts.spec import PARAM, TENSOR, ArchSpec, StateField, iteration_field, reorder
 from lopt.parts import tree_checks
 
-NUM_STATS = 4
+# the per-tensor statistics the LSTM reads (before log_stat), in order: mean g², mean m², mean v, mean p²
+STATS = ("mean_g2", "mean_m2", "mean_v", "mean_p2")
+NUM_STATS = len(STATS)
 
 
 class NNAdamState(NamedTuple):
@@ -78,6 +81,19 @@ class NNAdam(LearnedOptimizer):
     output_scale: float = 0.01
     timescales: tuple[float, ...] = ft.TIMESCALES
 
+    def spec(self) -> ArchSpec:
+        """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
+
+        Returns:
+          features `STATS` (the per-tensor statistics the LSTM reads first); no constants; state
+          "mu", "nu" (like p), "b1_prod", "b2_prod" (one per tensor, 1 at init), "lstm_h", "lstm_c",
+          "loss_state" and "iteration".
+        """
+        return ArchSpec("NNAdam", STATS, {}, (
+            StateField("mu", PARAM, doc="m"), StateField("nu", PARAM, doc="v"),
+            StateField("b1_prod", TENSOR, fill=1.0, doc="c1 = Π β1"), StateField("b2_prod", TENSOR, fill=1.0, doc="c2 = Π β2"),
+            *lstm_fields(self.lstm_hidden), ft.loss_state_field(), iteration_field()))
+
     @property
     def num_lstm_inputs(self) -> int:
         """The width of the LSTM's input z_i: 4 statistics + 1 + T + 3 + 2."""
@@ -116,7 +132,9 @@ class NNAdam(LearnedOptimizer):
             ctx = ft.context_features(state.iteration, self.timescales, num_steps, loss_f)
             mean = lambda x: jnp.mean(x) if jnp.size(x) else jnp.zeros((), jnp.float32)
             mean_sq = lambda x: mean(jnp.square(jnp.asarray(x, jnp.float32)))
-            stats = jnp.stack([jnp.stack([mean_sq(g), mean_sq(mu), mean(nu), mean_sq(p)])
+            order = self.spec().features
+            stats = jnp.stack([jnp.stack(reorder([mean_sq(g), mean_sq(mu), mean(nu), mean_sq(p)],
+                                                       ("mean_g2", "mean_m2", "mean_v", "mean_p2"), order))
                                for g, p, mu, nu in zip(gs, ps, mus, nus)])                     # [L, 4]
             z = ft.tensor_lstm_inputs(stats, ps, ctx)
             h, c = lstm_step(theta["lstm"], z, state.lstm_h, state.lstm_c)

@@ -27,9 +27,10 @@ import optax
 
 from lopt.parts import features as ft
 from lopt.base import LearnedOptimizer, layout_option
-from lopt.parts.moment_features import (MomentFeatures, accumulate, feature_sum_squares, init_accumulators,
-                                        leaf_features)
-from lopt.parts.nn import dense_init, elementwise_mlp, lstm_init, lstm_step
+from lopt.parts.moment_features import (MomentFeatures, accumulate, accumulator_fields, feature_names,
+                                        feature_sum_squares, init_accumulators, leaf_features)
+from lopt.parts.nn import dense_init, elementwise_mlp, lstm_fields, lstm_init, lstm_step
+from lopt.parts.spec import ArchSpec, iteration_field
 from lopt.parts import tree_checks
 
 
@@ -90,6 +91,17 @@ class RNNMLPLOpt(MomentFeatures, LearnedOptimizer):
         """The width of the LSTM's input z_i: F + 1 + T + 3 + 2."""
         return self.num_features + 1 + len(self.timescales) + ft.NUM_PROGRESS + ft.NUM_LOSS
 
+    def spec(self) -> ArchSpec:
+        """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
+
+        Returns:
+          features `moment_features.feature_names(K)`; constants "eps" (`features.EPS`); state
+          "momenta", "second_moment", "lstm_h", "lstm_c" ([H] per tensor), "loss_state", "iteration".
+        """
+        return ArchSpec("RNNMLPLOpt", feature_names(len(self.decays)), {"eps": ft.EPS},
+                        accumulator_fields(len(self.decays)) + lstm_fields(self.lstm_hidden)
+                        + (ft.loss_state_field(), iteration_field()))
+
     def init(self, key: jax.Array) -> dict:
         keys = jax.random.split(key, self.mlp_layers + 3)
         h, hl = self.mlp_hidden, self.lstm_hidden
@@ -119,7 +131,7 @@ class RNNMLPLOpt(MomentFeatures, LearnedOptimizer):
         del is_training
         self.check_theta(theta, "RNNMLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
-        hl = self.lstm_hidden
+        hl, eps = self.lstm_hidden, self.spec().constants["eps"]
 
         def init_fn(params):
             n = len(jax.tree_util.tree_leaves(params))
@@ -169,7 +181,7 @@ class RNNMLPLOpt(MomentFeatures, LearnedOptimizer):
                 if x is None:
                     new_updates.append(jnp.zeros_like(p))
                     continue
-                w1 = theta["input"]["w"] * jax.lax.rsqrt(stats[i] + ft.EPS)[:, None]
+                w1 = theta["input"]["w"] * jax.lax.rsqrt(stats[i] + eps)[:, None]
                 d, mag = elementwise_mlp(x, [(w1, theta["input"]["b"] + cond[i])] + rest)
                 step = d * jnp.exp(mag * self.exp_mult) * (self.step_mult * lr_mult[i])
                 new_updates.append(jnp.broadcast_to(-step, jnp.shape(p)).astype(jnp.result_type(p)))

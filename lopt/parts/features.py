@@ -9,6 +9,10 @@ of the params pytree; statistics "per tensor" reduce over every axis of that lea
 - `context_features`, `tensor_lstm_inputs`: the inputs of the per-tensor LSTMs (RNNMLPLOpt,
   NNAdam, HyperLOpt)
 - `EPS` (1e-8): added to a second moment before every square root / rsqrt of it
+- `ADAM_EPS` (1e-8): ε of an Adam direction m̂ / (√v̂ + ε); `NORM_EPS` (1e-8): ε of a unit-RMS
+  scaling u / (rms(u) + ε); `LOSS_DECAY` (0.9), `LOSS_EPS` (1e-6): the loss EMA's decay and the
+  ε of its relative change; `LOG_EPS` (1e-12): the ε of `log_stat`
+- `loss_state_field()`: the loss EMA's entry in an architecture's spec (`lopt.parts.spec`)
 
 Where the blocks of per-parameter work come from: `lopt.parts.layout`; the checks of
 `tx.update`'s inputs: `lopt.parts.tree_checks`; the schedules a learned step size multiplies:
@@ -26,10 +30,17 @@ from typing import Any, Optional, Sequence
 import jax
 import jax.numpy as jnp
 
+from lopt.parts.spec import STEP, StateField
+
 TIMESCALES = (1, 3, 10, 30, 100, 300, 1000, 3000, 10000, 30000, 100000)
 NUM_PROGRESS = 3
 NUM_LOSS = 2
 EPS = 1e-8
+ADAM_EPS = 1e-8
+NORM_EPS = 1e-8
+LOSS_DECAY = 0.9
+LOSS_EPS = 1e-6
+LOG_EPS = 1e-12
 
 
 def step_embedding(iteration: jax.Array, timescales: Sequence[float] = TIMESCALES) -> jax.Array:
@@ -50,23 +61,28 @@ def progress_features(iteration: jax.Array, num_steps: Optional[Any]) -> jax.Arr
 
 
 def loss_features(loss: Optional[Any], loss_state: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """([has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + 1e-6))], new loss_state).
+    """([has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + ε))], new loss_state), ε = `LOSS_EPS` (1e-6).
 
-    loss_state = [ℓ̄, seen]: ℓ̄ an EMA (decay 0.9) of the loss started at the first loss seen.
+    loss_state = [ℓ̄, seen]: ℓ̄ an EMA (decay `LOSS_DECAY`, 0.9) of the loss started at the first loss seen.
     Without a loss (ℓ = None) both features are 0 and the state is unchanged, so architectures
     that read the loss still work in training loops that do not pass one."""
     if loss is None:
         return jnp.zeros((NUM_LOSS,), jnp.float32), loss_state
     loss = jnp.asarray(loss, jnp.float32).reshape(())
     ema = jnp.where(loss_state[1] > 0, loss_state[0], loss)
-    rel = jnp.tanh((loss - ema) / (jnp.abs(ema) + 1e-6))
-    new_state = jnp.stack([0.9 * ema + 0.1 * loss, jnp.ones((), jnp.float32)])
+    rel = jnp.tanh((loss - ema) / (jnp.abs(ema) + LOSS_EPS))
+    new_state = jnp.stack([LOSS_DECAY * ema + (1.0 - LOSS_DECAY) * loss, jnp.ones((), jnp.float32)])
     return jnp.stack([jnp.ones((), jnp.float32), rel]), new_state
 
 
 def init_loss_state() -> jax.Array:
     """The loss state of `loss_features` before any loss was seen: [ℓ̄, seen] = [0, 0], float32 [2]."""
-    return jnp.zeros((2,), jnp.float32)
+    return jnp.zeros(loss_state_field().dims, jnp.float32)
+
+
+def loss_state_field() -> StateField:
+    """The loss state's entry in an architecture's spec: "loss_state", float32 [2] per step."""
+    return StateField("loss_state", STEP, (2,), doc="[loss EMA, seen], `loss_features`' state")
 
 
 def rms(x: jax.Array) -> jax.Array:
@@ -80,8 +96,8 @@ def zeros_like_f32(p: Any) -> jax.Array:
 
 
 def log_stat(x: jax.Array) -> jax.Array:
-    """A scale-free summary for LSTM inputs: log(x + 1e-12) / 10 (x ≥ 0)."""
-    return jnp.log(x + 1e-12) / 10.0
+    """A scale-free summary for LSTM inputs: log(x + ε) / 10 (x ≥ 0, ε = `LOG_EPS`, 1e-12)."""
+    return jnp.log(x + LOG_EPS) / 10.0
 
 
 def context_features(iteration: jax.Array, timescales: Sequence[float], num_steps: Optional[Any],

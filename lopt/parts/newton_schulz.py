@@ -6,8 +6,9 @@ read as the matrix [∏ shape[I], ∏ shape[O]] and replaced by its orthogonaliz
     orth(U) ≈ P Qᵀ           where U = P Σ Qᵀ is the SVD (every singular value set to ~1)
 
 computed by optax's quintic Newton–Schulz iteration (`optax.contrib.scale_by_muon` with momentum 0,
-Frobenius pre-normalisation, 5 steps, Muon's coefficients), so it is exactly Muon's
-orthogonalization. Its spectral norm is ~1 whatever the layer's width; μP's spectral condition
+Frobenius pre-normalisation U / (‖U‖_F + `NS_EPS`), `NS_STEPS` = 5 steps of X ← aX + (bA + cA²)X,
+A = XXᵀ, with Muon's coefficients (a, b, c) = `NS_COEFFS` = (3.4445, −4.7750, 2.0315)), so it is
+exactly Muon's orthogonalization. Its spectral norm is ~1 whatever the layer's width; μP's spectral condition
 (Yang, Simon & Bernstein 2023) asks for ‖ΔW‖₂ ∝ √(fan_out / fan_in), and Muon (Jordan et al. 2024,
 also `optax.contrib.muon`) takes
 
@@ -26,7 +27,19 @@ import optax
 
 from lopt.param_roles import ParamRole
 
-__all__ = ["dimension_numbers", "is_orthogonalized", "orthogonalize", "width_scale"]
+__all__ = ["dimension_numbers", "is_orthogonalized", "orthogonalize", "width_scale", "NS_COEFFS", "NS_STEPS",
+           "NS_EPS", "constants"]
+
+# Muon's quintic coefficients, steps and pre-normalisation ε (optax.contrib.scale_by_muon's defaults)
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+NS_STEPS = 5
+NS_EPS = 1e-8
+
+
+def constants() -> dict:
+    """The iteration's constants as an architecture's spec lists them (`lopt.parts.spec`):
+    {"ns_coeffs": `NS_COEFFS`, "ns_steps": `NS_STEPS`, "ns_eps": `NS_EPS`}."""
+    return {"ns_coeffs": NS_COEFFS, "ns_steps": NS_STEPS, "ns_eps": NS_EPS}
 
 
 def is_orthogonalized(role: ParamRole, shape: Sequence[int]) -> bool:
@@ -75,7 +88,7 @@ def orthogonalize(update: jax.Array, role: ParamRole) -> jax.Array:
     Returns:
       float32 [*shape]: orth(U), singular values ~1 (in [0.7, 1.2] after Muon's 5 steps).
     """
-    tx = optax.contrib.scale_by_muon(beta=0.0, nesterov=False,
+    tx = optax.contrib.scale_by_muon(ns_coeffs=NS_COEFFS, ns_steps=NS_STEPS, beta=0.0, eps=NS_EPS, nesterov=False,
                                      weight_dimension_numbers=dimension_numbers(role, update.ndim))
     return tx.update(update, tx.init(update))[0]
 

@@ -1,7 +1,7 @@
 """Tiny networks for learned optimizers, as pure functions of dict parameters.
 
 - `dense_init`: a dense layer's {"w": W [in, out] ~ N(0, 1/in), "b": zeros [out]} (y = x W + b).
-- `lstm_init` / `lstm_step`: a batched LSTM cell over per-tensor inputs x [L, in], state
+- `lstm_init` / `lstm_step` / `lstm_fields`: a batched LSTM cell over per-tensor inputs x [L, in], state
   (h, c) [L, H]:  i, f, g, o = split(x Wx + h Wh + b);  c' = σ(f + 1) c + σ(i) tanh(g);
   h' = σ(o) tanh(c').
 - `elementwise_mlp`: a per-parameter MLP with a *small* hidden size written as unrolled
@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lopt.parts import features as ft
+from lopt.parts.spec import TENSOR, StateField
 
 
 def dense_init(key: jax.Array, fan_in: int, fan_out: int) -> dict:
@@ -74,6 +75,19 @@ def lstm_step(params: dict, x: jax.Array, h: jax.Array, c: jax.Array) -> tuple[j
     i, f, g, o = jnp.split(gates, 4, axis=-1)
     c = jax.nn.sigmoid(f + 1.0) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
     return jax.nn.sigmoid(o) * jnp.tanh(c), c
+
+
+def lstm_fields(hidden_size: int) -> tuple[StateField, StateField]:
+    """The per-tensor LSTM's state in an architecture's spec (`lopt.parts.spec`).
+
+    Args:
+      hidden_size: H.
+
+    Returns:
+      ("lstm_h", "lstm_c"): float32 [H] per tensor, zero before the first step (JAX stacks them, [L, H]).
+    """
+    return (StateField("lstm_h", TENSOR, (hidden_size,), doc="the LSTM's h"),
+            StateField("lstm_c", TENSOR, (hidden_size,), doc="the LSTM's c"))
 
 
 def elementwise_mlp(features: Sequence[jax.Array], weights: Sequence[tuple[jax.Array, jax.Array]]) -> list[jax.Array]:

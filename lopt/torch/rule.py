@@ -13,6 +13,10 @@ a `Context` is what the items of one device and compute dtype share: their step 
 tensors. Rules update the items' state in place (or replace its entries) and yield each update
 Δp (the optax update, added to the parameter by the optimizer), in the compute dtype.
 
+A rule reads only the architecture's public configuration: its config fields and properties, and
+its spec (`learned_opt.spec()`, `lopt.parts.spec`: the feature order, the constants, the state
+layout), which the JAX implementation reads too; it restates none of them.
+
 Architectures register their rule with `register(name)`; `rule_for(learned_opt, theta)` builds it.
 """
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
+from lopt.parts.features import loss_state_field
 from lopt.torch.parts.features import loss_features, progress_features, step_embedding
 from lopt.torch.parts.layout import Workspace
 from lopt.torch.rules.overshoot_brake import OvershootBrake
@@ -92,6 +97,9 @@ class Rule:
     Args:
       learned_opt: the architecture (a `lopt.LearnedOptimizer`) whose update this computes.
       theta: its meta-parameters, a pytree of numpy arrays.
+
+    Attributes:
+      spec: the architecture's `lopt.parts.spec.ArchSpec` (None for one without `spec()`).
     """
 
     #: whether the architecture reads the loss (`tx.update(..., loss=loss)`)
@@ -106,6 +114,7 @@ class Rule:
     def __init__(self, learned_opt: Any, theta: Any):
         self.learned_opt = learned_opt
         self.theta = theta
+        self.spec = learned_opt.spec() if hasattr(learned_opt, "spec") else None
         self.ws = Workspace()
         self._tensors: dict = {}
         if getattr(learned_opt, "overshoot_gain", 0.0) > 0:
@@ -159,11 +168,12 @@ class Rule:
     def loss_features(self, items: Sequence[Item], ctx: Context) -> torch.Tensor:
         """The items' loss features [L, 2], their "loss_state" entries advanced
         (`lopt.torch.parts.features.loss_features`)."""
-        states = torch.stack([it.state["loss_state"] for it in items])
+        key = loss_state_field().key
+        states = torch.stack([it.state[key] for it in items])
         feats, new = loss_features(ctx.loss, states)
         if ctx.loss is not None:
             for i, it in enumerate(items):
-                it.state["loss_state"] = new[i]
+                it.state[key] = new[i]
         return feats
 
 

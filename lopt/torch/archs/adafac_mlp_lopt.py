@@ -2,7 +2,7 @@
 
 Per tensor, the factored accumulators and the F = 4 + 2K_m + 3K_f + K_m K_f features read from
 them (decays β = σ(θ_β) learned; row and column moments over the JAX layout's last two axes) are
-`lopt.torch.parts.moment_features.FactoredLeaf`'s. The MLP (on the RMS-normalised features,
+`lopt.torch.parts.factored.FactoredLeaf`'s. The MLP (on the RMS-normalised features,
 first-layer bias b + emb(t) W_time (+ progress)) gives (d, m):
 
     Δp = −d · exp(m · exp_mult) · step_mult.
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from lopt.torch.parts.features import EPS
-from lopt.torch.parts.moment_features import FactoredLeaf, decays_of, factored_state
+from lopt.torch.parts.factored import FactoredLeaf, decays_of
 from lopt.torch.parts.nn import as_columns, first_bias
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["AdafacMLPLOptRule"]
@@ -29,8 +29,7 @@ class AdafacMLPLOptRule(Rule):
     """
 
     def init_state(self, param, axes, dtype):
-        lo = self.learned_opt
-        return factored_state(param, axes, len(lo.momentum_decays), len(lo.adafactor_decays), dtype)
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta
@@ -42,7 +41,7 @@ class AdafacMLPLOptRule(Rule):
             if it.param.numel() == 0:
                 yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
-            leaf = FactoredLeaf(it, ctx.dtype, self.ws)
+            leaf = FactoredLeaf(it, ctx.dtype, self.spec, self.ws)
             leaf.accumulate(dec)
-            w1t = (th["input"]["w"] * torch.rsqrt(leaf.mean_squares() + EPS)[:, None]).t().contiguous()
+            w1t = (th["input"]["w"] * torch.rsqrt(leaf.mean_squares() + self.spec.constants["eps"])[:, None]).t().contiguous()
             yield leaf.scaled_exp_step([(w1t, bias[i])] + rest, lo.exp_mult, lo.step_mult).neg_()

@@ -5,9 +5,9 @@ Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.parts.moment_f
 t the updates so far:
 
     b   = β m_β / (1 − β^(t+2)) + (1 − β) g / (1 − β^(t+1))     optax.contrib.muon's Nesterov momentum
-    matrix:  u = b / (rms(b) + 1e-8) + MLP(x)                    x RMS-normalised (folded into the first layer)
+    matrix:  u = b / (rms(b) + ε_norm) + MLP(x)                  x RMS-normalised (folded into the first layer)
              Δp = −η_matrix · (width_scale · NS(u) + λ p)
-    other:   Δp = −η_adam · (b / (√(v / (1 − β_v^(t+1))) + 1e-8) + λ p)
+    other:   Δp = −η_adam · (b / (√(v / (1 − β_v^(t+1))) + ε_adam) + λ p)
 
 (η_matrix, η_adam) = (matrix_lr, adam_lr) · exp(log_lr_range · tanh(s)), s from the step-size MLP
 on [emb(t), progress(t, N), loss features], times the prior schedule σ(t, N) and the horizon factor
@@ -15,9 +15,9 @@ min(1, N_ref/N)^α (`horizon_reference`, `horizon_power`; 1 when off); MLP(x) ti
 min(1, N_ref/N)^`residual_horizon_power` where that is set; η_matrix also times the depth factor
 min(1, D_ref/D)^γ (`depth_reference`, `depth_power`; 1 when off), D the number of orthogonalized
 parameters of the step (every device and dtype). NS is optax's `orthogonalize_via_newton_schulz`
-(`lopt.torch.parts.newton_schulz.newton_schulz`: Frobenius pre-normalisation with eps 1e-8, 5 quintic
-steps, coefficients (3.4445, −4.7750, 2.0315), the wide orientation) of u read as the matrix
-[fan_in, fan_out] in JAX layout, and width_scale = √max(1, fan_out / fan_in)
+(`lopt.torch.parts.newton_schulz.newton_schulz`: Frobenius pre-normalisation, quintic steps with
+Muon's coefficients, the wide orientation; its constants the spec's "ns_coeffs", "ns_steps",
+"ns_eps") of u read as the matrix [fan_in, fan_out] in JAX layout, and width_scale = √max(1, fan_out / fan_in)
 (`lopt.parts.newton_schulz.width_scale`).
 
 Each parameter's role (`lopt.param_roles`) is its group's `role` option, as for NormMLPLOpt
@@ -36,10 +36,10 @@ import torch
 from lopt.parts.newton_schulz import is_orthogonalized
 from lopt.rules.depth import matrix_depth
 from lopt.torch.param_roles import jax_role, role_of
-from lopt.torch.parts.features import EPS
-from lopt.torch.parts.moment_features import FlatLeaf, mlp_state, pow_f32
+from lopt.torch.parts.moment_features import FlatLeaf, pow_f32
 from lopt.torch.parts.newton_schulz import orthogonalized_step
 from lopt.torch.parts.nn import as_columns
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.horizon import horizon_scale
 from lopt.torch.rules.schedule import prior_schedule
@@ -60,10 +60,9 @@ class Celo2LOptRule(Rule):
     reads_roles = True
 
     def init_state(self, param, axes, dtype, role=None):
-        state = mlp_state(param, len(self.learned_opt.decays), dtype)
+        state = param_state(self.spec, param, axes, dtype)
         if self.brake is not None:
             state.update(self.brake.init_param_state(param))
-        state["loss_state"] = torch.zeros((2,), dtype=dtype, device=param.device)
         state["role"] = role_of(param, role)
         return state
 
@@ -82,7 +81,7 @@ class Celo2LOptRule(Rule):
         return base * torch.exp(lo.log_lr_range * torch.tanh(s)) * sigma[:, None]
 
     def updates(self, items, ctx):
-        lo, mlp = self.learned_opt, ctx.theta["mlp"]
+        lo, mlp, consts = self.learned_opt, ctx.theta["mlp"], self.spec.constants
         loss_feats = self.loss_features(items, ctx)
         lrs = self.step_sizes(ctx, items, loss_feats)
         rest = as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
@@ -104,25 +103,25 @@ class Celo2LOptRule(Rule):
                 continue
             role = jax_role(it.state.get("role") or role_of(it.param), it.jax_shape)
             ortho = is_orthogonalized(role, it.jax_shape)
-            leaf = FlatLeaf(it, ctx.dtype, idx, self.ws)
+            leaf = FlatLeaf(it, ctx.dtype, self.spec, idx, self.ws)
             sums = leaf.accumulate_and_sum(decays, lo.rms_decay, want_sums=ortho)
             nesterov = self.ws.get("nesterov", (leaf.n,), ctx.dtype, ctx.device)
             torch.mul(leaf.m[idx], beta, out=nesterov).div_(bc_m[i])
             nesterov.add_(torch.mul(leaf.g, 1.0 - beta, out=self.ws.get("g_term", (leaf.n,), ctx.dtype,
                                                                           ctx.device)).div_(bc_g[i]))
             if ortho:
-                nesterov.div_(torch.sqrt(torch.mean(torch.square(nesterov))) + 1e-8)
-                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + EPS)[:, None]).t().contiguous()
+                nesterov.div_(torch.sqrt(torch.mean(torch.square(nesterov))) + consts["norm_eps"])
+                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + consts["eps"])[:, None]).t().contiguous()
 
-                def direction(o, s, e, out):  # b / (rms(b) + 1e-8) + MLP(x) (times the fade)
+                def direction(o, s, e, out):  # b / (rms(b) + ε_norm) + MLP(x) (times the fade)
                     torch.add(nesterov[s:e], o[0] if fade is None else o[0] * fade[i], out=out)
 
                 u = leaf.mlp_map([(w1t, mlp["input"]["b"])] + rest, direction)
-                step = orthogonalized_step(u, it, role)
+                step = orthogonalized_step(u, it, role, consts)
                 lr = lrs[i, 0]
             else:
                 den = torch.div(leaf.v, bc_v[i], out=self.ws.get("den", (leaf.n,), ctx.dtype, ctx.device))
-                step = nesterov.div_(den.sqrt_().add_(1e-8)).view(shape)
+                step = nesterov.div_(den.sqrt_().add_(consts["adam_eps"])).view(shape)
                 lr = lrs[i, 1]
             if lo.weight_decay:
                 step = step.add_(torch.mul(leaf.p.view(shape), lo.weight_decay))

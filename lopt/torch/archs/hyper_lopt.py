@@ -1,6 +1,6 @@
 """HyperLOpt's update in torch (`lopt.archs.hyper_lopt`): a per-tensor LSTM generating each tensor's MLP.
 
-AdafacMLPLOpt's accumulators and features per tensor (`lopt.torch.parts.moment_features.FactoredLeaf`,
+AdafacMLPLOpt's accumulators and features per tensor (`lopt.torch.parts.factored.FactoredLeaf`,
 factored over the JAX layout's last two axes). The LSTM (state "lstm_h", "lstm_c" per parameter)
 reads z_i = [log mean x_f²/10 (F), log(1 + numel)/10, emb(t), progress(t, N), loss features] and
 generates tensor i's MLP weights w_i = w_base + (h_i G)·gen_scale and its step multiplier
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import torch
 
-from lopt.torch.parts.features import EPS, lstm_inputs
-from lopt.torch.parts.moment_features import FactoredLeaf, decays_of, factored_state
-from lopt.torch.parts.nn import as_columns, lstm_state, run_lstm
+from lopt.torch.parts.factored import FactoredLeaf, decays_of
+from lopt.torch.parts.features import lstm_inputs
+from lopt.torch.parts.nn import as_columns, run_lstm
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["HyperLOptRule"]
@@ -32,9 +33,7 @@ class HyperLOptRule(Rule):
     reads_loss = True
 
     def init_state(self, param, axes, dtype):
-        lo = self.learned_opt
-        return {**factored_state(param, axes, len(lo.momentum_decays), len(lo.adafactor_decays), dtype),
-                **lstm_state(param, lo.lstm_hidden, dtype)}
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta
@@ -46,7 +45,7 @@ class HyperLOptRule(Rule):
                 leaves.append(None)
                 stats.append(torch.ones((lo.num_features,), dtype=ctx.dtype, device=ctx.device))
                 continue
-            leaf = FactoredLeaf(it, ctx.dtype, self.ws)
+            leaf = FactoredLeaf(it, ctx.dtype, self.spec, self.ws)
             leaf.accumulate(dec)
             stats.append(leaf.mean_squares())
             leaves.append(leaf)
@@ -63,6 +62,6 @@ class HyperLOptRule(Rule):
             for a, b in lo.layer_shapes():
                 layers.append((weights[i, at:at + a * b].reshape(a, b), weights[i, at + a * b:at + a * b + b]))
                 at += a * b + b
-            layers[0] = (layers[0][0] * torch.rsqrt(stats[i] + EPS)[:, None], layers[0][1])
+            layers[0] = (layers[0][0] * torch.rsqrt(stats[i] + self.spec.constants["eps"])[:, None], layers[0][1])
             step = leaf.scaled_exp_step(as_columns(layers), lo.exp_mult, lo.step_mult * lr_mult[i])
             yield step.neg_()

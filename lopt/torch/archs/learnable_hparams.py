@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["LearnableSGDRule", "LearnableSGDMRule", "LearnableAdamRule"]
@@ -26,7 +27,7 @@ class LearnableSGDRule(Rule):
     """
 
     def init_state(self, param, axes, dtype):
-        return {}
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         neg_lr = -torch.exp(ctx.theta["log_lr"])
@@ -43,7 +44,7 @@ class LearnableSGDMRule(Rule):
     """
 
     def init_state(self, param, axes, dtype):
-        return {"trace": torch.zeros(tuple(param.shape), dtype=dtype, device=param.device)}
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         neg_lr = -torch.exp(ctx.theta["log_lr"])
@@ -64,8 +65,7 @@ class LearnableAdamRule(Rule):
     """
 
     def init_state(self, param, axes, dtype):
-        z = lambda: torch.zeros(tuple(param.shape), dtype=dtype, device=param.device)
-        return {"mu": z(), "nu": z()}
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         th = ctx.theta

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from lopt.torch.parts.features import EPS
-from lopt.torch.parts.moment_features import FlatLeaf, mlp_state
+from lopt.torch.parts.moment_features import FlatLeaf
 from lopt.torch.parts.nn import as_columns, first_bias
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["MLPLOptRule"]
@@ -35,7 +35,7 @@ class MLPLOptRule(Rule):
     """
 
     def init_state(self, param, axes, dtype):
-        return mlp_state(param, len(self.learned_opt.decays), dtype)
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta
@@ -47,8 +47,8 @@ class MLPLOptRule(Rule):
             if it.param.numel() == 0:
                 yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
-            leaf = FlatLeaf(it, ctx.dtype, lo.momentum_index, self.ws)
+            leaf = FlatLeaf(it, ctx.dtype, self.spec, lo.momentum_index, self.ws)
             sums = leaf.accumulate_and_sum(decays, lo.rms_decay)
-            w1t = (th["input"]["w"] * torch.rsqrt(sums / leaf.n + EPS)[:, None]).t().contiguous()
+            w1t = (th["input"]["w"] * torch.rsqrt(sums / leaf.n + self.spec.constants["eps"])[:, None]).t().contiguous()
             step = leaf.scaled_exp_step([(w1t, bias[i])] + later, lo.exp_mult, lo.step_mult)
             yield step.neg_().view(it.param.shape)

@@ -15,7 +15,8 @@ import torch
 
 from lopt.parts.nn import logit
 from lopt.torch.parts.features import lstm_inputs
-from lopt.torch.parts.nn import lstm_state, run_lstm
+from lopt.torch.parts.nn import run_lstm
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["NNAdamRule"]
@@ -33,10 +34,7 @@ class NNAdamRule(Rule):
     reads_loss = True
 
     def init_state(self, param, axes, dtype):
-        z = lambda shape: torch.zeros(shape, dtype=dtype, device=param.device)
-        one = lambda: torch.ones((), dtype=dtype, device=param.device)
-        return {"mu": z(tuple(param.shape)), "nu": z(tuple(param.shape)), "b1_prod": one(), "b2_prod": one(),
-                **lstm_state(param, self.learned_opt.lstm_hidden, dtype)}
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta
@@ -45,9 +43,10 @@ class NNAdamRule(Rule):
                             dtype=torch.float32).to(device=ctx.device, dtype=ctx.dtype)
         mean = lambda x: torch.mean(x) if x.numel() else torch.zeros((), dtype=ctx.dtype, device=ctx.device)
         grads = [it.grad.detach().to(ctx.dtype) for it in items]
-        stats = torch.stack([torch.stack([mean(torch.square(g)), mean(torch.square(it.state["mu"])),
-                                          mean(it.state["nu"]), mean(torch.square(it.param.detach().to(ctx.dtype)))])
-                             for g, it in zip(grads, items)])
+        stats = torch.stack([torch.stack([s[name] for name in self.spec.features]) for s in (
+            {"mean_g2": mean(torch.square(g)), "mean_m2": mean(torch.square(it.state["mu"])),
+             "mean_v": mean(it.state["nu"]), "mean_p2": mean(torch.square(it.param.detach().to(ctx.dtype)))}
+            for g, it in zip(grads, items))])
         ctx_feats = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items), loss_feats], dim=1)
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         hp = base + h @ th["output"]["w"] + th["output"]["b"]

@@ -2,11 +2,11 @@
 
 Per tensor, with MLPLOpt's accumulators and features (`lopt.torch.parts.moment_features.FlatLeaf`):
 
-    a   = m̂_0.9 / (√v̂ + 1e-8)                       Adam's direction, bias-corrected at t + 1
+    a   = m̂_0.9 / (√v̂ + ε_adam)                     Adam's direction, bias-corrected at t + 1
     r   = MLP(x; b + emb(t) W_time)                  the learned residual (x RMS-normalised)
     u   = a + r    (or a + B tanh(r / B) with `residual_bound` B)
     u   ← NS(u)    with `orthogonalize`, 2-D tensors (both sides > 1), in JAX layout (`parts.newton_schulz`)
-    u   ← clip(u / (rms(u) + 1e-8), −c, c)  with `normalize_update`, else clip(u, −c, c)
+    u   ← clip(u / (rms(u) + ε_norm), −c, c)  with `normalize_update`, else clip(u, −c, c)
     Δp  = −η_kind · σ(t, N) · ρ(p) · u              (ndim < 2 with vector_rule "adam": −η · σ · ρ · a)
 
 η = base_lr · exp(log_lr_range · tanh(s)), s from the step-size MLP on [emb(t), progress(t, N),
@@ -20,6 +20,9 @@ the fan-in factor; "vector" makes a ≥ 2-D tensor bias-like (η_vector, ρ = 1,
 
 With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.rules.overshoot_brake`),
 which `TorchLearnedOptimizer.step` applies over all parameters: every Δp scaled by α_t ≤ 1.
+
+The features' order, ε_adam, ε_norm, the feature ε and the state's entries are the architecture's
+spec (`learned_opt.spec()`: "adam_eps", "norm_eps", "eps"; the state "scales" is each parameter's "scale").
 """
 from __future__ import annotations
 
@@ -28,10 +31,10 @@ import math
 import torch
 
 from lopt.torch.param_roles import role_of
-from lopt.torch.parts.features import EPS
-from lopt.torch.parts.moment_features import FlatLeaf, mlp_state, pow_f32
+from lopt.torch.parts.moment_features import FlatLeaf, pow_f32
 from lopt.torch.parts.newton_schulz import newton_schulz
 from lopt.torch.parts.nn import as_columns
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.schedule import prior_schedule
 
@@ -52,19 +55,18 @@ class NormMLPLOptRule(Rule):
     def init_state(self, param, axes, dtype, role=None):
         lo = self.learned_opt
         kind = role_of(param, role)
-        state = mlp_state(param, len(lo.decays), dtype)
+        state = param_state(self.spec, param, axes, dtype)
         if self.brake is not None:
             state.update(self.brake.init_param_state(param))
-        state["loss_state"] = torch.zeros((2,), dtype=dtype, device=param.device)
         state["role"] = kind
-        scale = torch.ones((), dtype=dtype, device=param.device)
+        scale = state[self.spec.field("scales").key]  # ρ(p): 1 unless relative_step
         if lo.relative_step and kind != "vector" and param.numel() > 0:
             p = param.detach().to(dtype)
             scale = torch.clamp(torch.sqrt(torch.mean(torch.square(p))), min=lo.relative_floor)
             if lo.fan_in_ref > 0 and kind == "matrix":
                 jax_shape = [param.shape[a] for a in axes]
                 scale = scale * math.sqrt(lo.fan_in_ref / math.prod(jax_shape[:-1]))
-        state["scale"] = scale
+        state[self.spec.field("scales").key] = scale
         return state
 
     def step_sizes(self, ctx: Context, items, loss_feats: torch.Tensor) -> torch.Tensor:
@@ -81,7 +83,8 @@ class NormMLPLOptRule(Rule):
         return prior_schedule(self.learned_opt.schedule, ctx, items)
 
     def updates(self, items, ctx):
-        lo, mlp = self.learned_opt, ctx.theta["mlp"]
+        lo, mlp, consts = self.learned_opt, ctx.theta["mlp"], self.spec.constants
+        scale_key = self.spec.field("scales").key
         loss_feats = self.loss_features(items, ctx)
         lrs = self.step_sizes(ctx, items, loss_feats)
         bias = mlp["input"]["b"] + ctx.embedding(lo.timescales) @ mlp["input"]["w_time"]
@@ -100,12 +103,12 @@ class NormMLPLOptRule(Rule):
             is_matrix = kind != "vector"
             lr = lrs[i, 0] if is_matrix else lrs[i, 1]
             adam_only = not is_matrix and lo.vector_rule == "adam"
-            leaf = FlatLeaf(it, ctx.dtype, lo.momentum_index, self.ws)
+            leaf = FlatLeaf(it, ctx.dtype, self.spec, lo.momentum_index, self.ws)
             sums = leaf.accumulate_and_sum(decays, lo.rms_decay, want_sums=not adam_only)
             m_idx = leaf.m[lo.momentum_index]
 
-            def adam(s, e, out):  # m̂ / (√v̂ + 1e-8), written into out
-                torch.div(leaf.v[s:e], bc2[i], out=out).sqrt_().add_(1e-8)
+            def adam(s, e, out):  # m̂ / (√v̂ + ε_adam), written into out
+                torch.div(leaf.v[s:e], bc2[i], out=out).sqrt_().add_(consts["adam_eps"])
                 return torch.div(torch.div(m_idx[s:e], bc1[i], out=leaf.scratch("m_hat", 1, s, e)[0]), out, out=out)
 
             if adam_only:
@@ -113,7 +116,7 @@ class NormMLPLOptRule(Rule):
                 for s, e in leaf.blocks():
                     adam(s, e, u[s:e])
             else:
-                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + EPS)[:, None]).t().contiguous()
+                w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + consts["eps"])[:, None]).t().contiguous()
 
                 def direction(o, s, e, out):  # a + r (or a + B tanh(r / B))
                     r, bound = o[0], lo.residual_bound
@@ -126,9 +129,9 @@ class NormMLPLOptRule(Rule):
                 u = leaf.mlp_map([(w1t, bias[i])] + rest, direction)
                 if lo.orthogonalize and kind == "matrix" and len(shape) == 2 and min(shape) > 1:
                     mat = u.view(shape).permute(it.axes)
-                    u = newton_schulz(mat).permute(it.axes).reshape(-1)  # a 2-D permutation is its own inverse
+                    u = newton_schulz(mat, consts).permute(it.axes).reshape(-1)  # a 2-D permutation is its own inverse
                 if lo.normalize_update:
-                    u = u.div_(torch.sqrt(torch.mean(torch.square(u))) + 1e-8)
+                    u = u.div_(torch.sqrt(torch.mean(torch.square(u))) + consts["norm_eps"])
                 u = u.clamp_(-lo.clip_value, lo.clip_value)
-            u = u.mul_(lr).mul_(it.state["scale"]).neg_()  # −(η · u) · ρ
+            u = u.mul_(lr).mul_(it.state[scale_key]).neg_()  # −(η · u) · ρ
             yield u.view(shape)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from lopt.torch.parts.features import EPS, lstm_inputs
-from lopt.torch.parts.moment_features import FlatLeaf, mlp_state
-from lopt.torch.parts.nn import as_columns, lstm_state, run_lstm
+from lopt.torch.parts.features import lstm_inputs
+from lopt.torch.parts.moment_features import FlatLeaf
+from lopt.torch.parts.nn import as_columns, run_lstm
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["RNNMLPLOptRule"]
@@ -33,8 +34,7 @@ class RNNMLPLOptRule(Rule):
     reads_loss = True
 
     def init_state(self, param, axes, dtype):
-        lo = self.learned_opt
-        return {**mlp_state(param, len(lo.decays), dtype), **lstm_state(param, lo.lstm_hidden, dtype)}
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta
@@ -46,7 +46,7 @@ class RNNMLPLOptRule(Rule):
                 leaves.append(None)
                 stats.append(torch.zeros((lo.num_features,), dtype=ctx.dtype, device=ctx.device))
                 continue
-            leaf = FlatLeaf(it, ctx.dtype, lo.momentum_index, self.ws)
+            leaf = FlatLeaf(it, ctx.dtype, self.spec, lo.momentum_index, self.ws)
             stats.append(leaf.accumulate_and_sum(decays, lo.rms_decay) / leaf.n)
             leaves.append(leaf)
         stats = torch.stack(stats)
@@ -60,7 +60,7 @@ class RNNMLPLOptRule(Rule):
             if leaf is None:
                 yield torch.zeros(it.param.shape, dtype=ctx.dtype, device=ctx.device)
                 continue
-            w1t = (th["input"]["w"] * torch.rsqrt(stats[i] + EPS)[:, None]).t().contiguous()
+            w1t = (th["input"]["w"] * torch.rsqrt(stats[i] + self.spec.constants["eps"])[:, None]).t().contiguous()
             step = leaf.scaled_exp_step([(w1t, th["input"]["b"] + cond[i])] + rest, lo.exp_mult,
                                         lo.step_mult * lr_mult[i])
             yield step.neg_().view(it.param.shape)

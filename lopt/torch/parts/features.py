@@ -5,10 +5,12 @@ inputs' device, where the JAX optimizer computes per leaf:
 
 - `step_embedding(t, τ)`   tanh(t/τ − 1)                                          [L, T]
 - `progress_features(t, N)` (min(t/N, 1), log1p(N)/10, 1), 0 if N None             [L, 3]
-- `loss_features(ℓ, s)`    (has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + 1e-6))), the EMA state s [L, 2]
+- `loss_features(ℓ, s)`    (has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + ε))), the EMA state s [L, 2]
 - `log_stat`, `size_feature`, `lstm_inputs`: the inputs of the per-tensor LSTMs (RNNMLPLOpt,
   NNAdam, HyperLOpt; `lopt.parts.features.tensor_lstm_inputs`)
-- `EPS` (1e-8, `lopt.parts.features.EPS`): added to a second moment before every square root of it
+
+Their constants (the loss EMA's decay and ε, log_stat's ε, the number of progress features) are
+`lopt.parts.features`' public ones, read here, not restated.
 """
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from lopt.parts.features import EPS, NUM_PROGRESS
+from lopt.parts.features import LOG_EPS, LOSS_DECAY, LOSS_EPS, NUM_PROGRESS
 
-__all__ = ["EPS", "step_embedding", "progress_features", "loss_features", "log_stat", "size_feature",
+__all__ = ["step_embedding", "progress_features", "loss_features", "log_stat", "size_feature",
            "lstm_inputs"]
 
 
@@ -68,19 +70,19 @@ def loss_features(loss: Optional[torch.Tensor], states: torch.Tensor) -> tuple[t
       states: [L, 2], each row [ℓ̄, seen].
 
     Returns:
-      (features [L, 2] = [has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + 1e-6))], the new states [L, 2]).
+      (features [L, 2] = [has_loss, tanh((ℓ − ℓ̄)/(|ℓ̄| + ε))], the new states [L, 2]; ε = `LOSS_EPS`).
     """
     if loss is None:
         return torch.zeros_like(states), states
     ema = torch.where(states[:, 1] > 0, states[:, 0], loss)
-    rel = torch.tanh((loss - ema) / (torch.abs(ema) + 1e-6))
+    rel = torch.tanh((loss - ema) / (torch.abs(ema) + LOSS_EPS))
     ones = torch.ones_like(ema)
-    return torch.stack([ones, rel], dim=1), torch.stack([0.9 * ema + 0.1 * loss, ones], dim=1)
+    return torch.stack([ones, rel], dim=1), torch.stack([LOSS_DECAY * ema + (1.0 - LOSS_DECAY) * loss, ones], dim=1)
 
 
 def log_stat(x: torch.Tensor) -> torch.Tensor:
-    """log(x + 1e-12) / 10, a scale-free summary for LSTM inputs (`lopt.parts.features.log_stat`)."""
-    return torch.log(x + 1e-12) / 10.0
+    """log(x + ε) / 10, a scale-free summary for LSTM inputs (`lopt.parts.features.log_stat`; ε = `LOG_EPS`)."""
+    return torch.log(x + LOG_EPS) / 10.0
 
 
 def size_feature(numel: int) -> float:

@@ -1,7 +1,7 @@
 """Tiny networks in torch (`lopt.parts.nn`): the per-tensor LSTM and the per-parameter MLP as GEMMs.
 
 - `lstm_step`            `lopt.parts.nn.lstm_step` on [L, in] inputs
-- `lstm_state`, `run_lstm` the LSTM state (h, c) kept in each parameter's state, and one step of it
+- `run_lstm`             one step of the LSTM, its state (h, c) kept in each parameter's state
 - `mlp_columns`          a ReLU MLP on column-major features x [F, c] (`lopt.parts.nn.elementwise_mlp`'s
                          function, as GEMMs); `as_columns` turns JAX's dense layers into its layers
 - `first_bias`           `lopt.parts.nn.shared_bias`: the first layer's bias from the step's context
@@ -15,7 +15,7 @@ import torch
 from lopt.torch.parts.layout import Workspace
 from lopt.torch.rule import Context, Item
 
-__all__ = ["lstm_step", "lstm_state", "run_lstm", "mlp_columns", "as_columns", "first_bias"]
+__all__ = ["lstm_step", "run_lstm", "mlp_columns", "as_columns", "first_bias"]
 
 
 def lstm_step(params: dict, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,12 +35,6 @@ def lstm_step(params: dict, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor) -
     i, f, g, o = torch.chunk(gates, 4, dim=-1)
     c = torch.sigmoid(f + 1.0) * c + torch.sigmoid(i) * torch.tanh(g)
     return torch.sigmoid(o) * torch.tanh(c), c
-
-
-def lstm_state(param: torch.Tensor, hidden: int, dtype: torch.dtype) -> dict:
-    """Zero "lstm_h", "lstm_c" [H] and "loss_state" [2] of one parameter."""
-    z = lambda n: torch.zeros((n,), dtype=dtype, device=param.device)
-    return {"lstm_h": z(hidden), "lstm_c": z(hidden), "loss_state": z(2)}
 
 
 def run_lstm(lstm: dict, z: torch.Tensor, items) -> torch.Tensor:
