@@ -292,7 +292,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     if selector is not None and not (starts_new and overwrite):  # a record of other validation settings is
         best_score_on_disk(output_dir, selector)                  # refused here, before config.gin is written
     loop_options = dict(output_dir=output_dir, seed=seed, checkpoint_policy=policy, resume=resume, extend=extend,
-                        config=config, **reporting.loop_options())
+                        config=config)
     # a bad Ray address fails here, before the first write
     with workers.connection() if on_ray else contextlib.nullcontext():
         prepare_output_dir(run, starts_new=starts_new, overwrite=overwrite, config_text=config_text)
@@ -303,11 +303,11 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
             state = workers.meta_train(make_run, num_steps, num_workers=num_workers, copies=copies,
                                        weights=estimator_weights, make_evaluator=make_eval,
                                        eval_every=meta_eval.every, make_validation=make_valid,
-                                       validation_every=validation.every, **loop_options)
+                                       validation_every=validation.every, **loop_options, **reporting.loop_options())
         else:
             state = meta_train_locally(learner, ests, num_steps, weights=estimator_weights, meta_evaluator=evaluator,
                                        eval_every=meta_eval.every, validation=selector,
-                                       validation_every=validation.every, **loop_options)
+                                       validation_every=validation.every, reporting=reporting, **loop_options)
         if comparison.num_tasks > 0:
             compare_with_adam(task_family, learned_opt, state.final_theta, output_dir, comparison, seed=seed)
     return state

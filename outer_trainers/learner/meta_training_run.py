@@ -280,9 +280,8 @@ def meta_train_locally(learner: ot.GradientLearner, estimators: Sequence[ot.Grad
       weights: the estimators' weights in the averaged gradient (None: equal).
       meta_evaluator: the periodic meta-evaluation (None: none).
       eval_every: outer steps between meta-evaluations (0: none).
-      **loop_options: the other options of `outer_train` (output_dir, seed, progress, log_every,
-        checkpoint_policy, resume, extend, tensorboard, config, max_consecutive_dropped, validation,
-        validation_every, ...; `run_settings.Reporting.loop_options()` gives four of them).
+      **loop_options: the other options of `outer_train` (output_dir, seed, reporting (a
+        `run_settings.Reporting`), checkpoint_policy, resume, extend, config, validation, validation_every, ...).
 
     Returns:
       the final OuterTrainState.
