@@ -12,7 +12,17 @@ trace time), so theta of another architecture or config is refused with the leaf
 every `update` checks that the gradients have the params' tree and leaf shapes, naming the first
 leaf that differs. Params: float32 or bfloat16 arrays (state float32, updates in each parameter's
 dtype, also inside `lax.scan`); a plain Python float leaf is read as a float32 0-d array, as
-`optax.apply_updates` does, and gets a float32 [] update.
+`optax.apply_updates` does, and gets a float32 [] update. Complex, integer and float0 leaves are
+refused naming the leaf (`lopt.parts.tree_checks.check_real_floating`: wrap complex parameters in
+`optax.contrib.split_real_and_imaginary`, leave integer ones out with `optax.partition`).
+
+Sharding and planning. Parameters sharded over a mesh get updates and state leaves sharded the
+same way (`lopt.parts.layout`: explicit meshes always, automatic sharding with the "sharded"
+layout). `tx.init` accepts `jax.ShapeDtypeStruct` params (a state that reads parameter values
+then comes back as ShapeDtypeStructs), and `jax.eval_shape(tx.init, params)` gives every state
+leaf's shape, dtype and sharding: use it for the state's partition specs. `optax.tree.map_params`
+maps every per-parameter state tree, the momenta included, whose leaves are [K, *p.shape] (K
+momenta stacked in front): a function given the parameter's spec must prepend None for them.
 
 Hyper-parameters are declared once, as annotated class attributes with defaults, and every
 subclass becomes a frozen dataclass of them (as flax's `nn.Module` does):
@@ -210,8 +220,10 @@ class LearnedOptimizer:
 
         Args:
           theta: meta-parameters, as from `init`.
-          num_steps: the training horizon N for progress features (may be traced; None: unknown,
-            progress features are zero; architectures without them ignore it).
+          num_steps: the training horizon N for progress features: an int or a scalar array, which
+            may be traced (PES samples it per particle; `lopt.pretrained.load` and
+            `optax.inject_hyperparams` pass it through); None: unknown, progress features are zero;
+            architectures without them ignore it.
           is_training: True while meta-training (no architecture here changes behaviour with it).
 
         Returns:

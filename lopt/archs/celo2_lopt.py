@@ -67,12 +67,10 @@ from lopt import param_roles
 from lopt.base import LearnedOptimizer, added_option, layout_option
 from lopt.parts import features as ft
 from lopt.parts import tree_checks
-from lopt.parts import newton_schulz
-from lopt.parts.moment_features import (MomentFeatures, accumulate, accumulator_fields, feature_names,
-                                        init_accumulators, normalized_feature_mlp)
+from lopt.parts.layout import gathered
+from lopt.parts.moment_features import MomentFeatures, accumulate, init_accumulators, normalized_feature_mlp
 from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_scale
 from lopt.parts.nn import later_layers, residual_mlp_init
-from lopt.parts.spec import PARAM, STEP, ArchSpec, StateField, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
 from lopt.rules import depth, horizon, overshoot_brake, schedule
 
@@ -190,22 +188,6 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         """
         return depth.depth_scale(num_matrices, self.depth_reference, self.depth_power)
 
-    def spec(self) -> ArchSpec:
-        """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
-
-        Returns:
-          features `moment_features.feature_names(K)`; constants "eps" (`features.EPS`),
-          "adam_eps" (`features.ADAM_EPS`, NAdamW's ε), "norm_eps" (`features.NORM_EPS`, b / (rms(b) + ε))
-          and `newton_schulz.constants()`; state "momenta", "second_moment", "iteration",
-          "loss_state" and, with `overshoot_gain`, the brake's "prev_update" and "log_brake".
-        """
-        constants = {"eps": ft.EPS, "adam_eps": ft.ADAM_EPS, "norm_eps": ft.NORM_EPS, **newton_schulz.constants()}
-        state = accumulator_fields(len(self.decays)) + (iteration_field(), ft.loss_state_field())
-        if self.overshoot_gain > 0:
-            state += (StateField("prev_update", PARAM, torch_per_param=False, doc="the brake's Δp_{t−1}"),
-                      StateField("log_brake", STEP, torch_per_param=False, doc="the brake's log α_{t−1}"))
-        return ArchSpec("Celo2LOpt", feature_names(len(self.decays)), constants, state)
-
     def init(self, key: jax.Array) -> dict:
         """Initial theta: Muon on matrices, Adam on the rest, plus a small random residual.
 
@@ -241,7 +223,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         decays = jnp.asarray(self.decays, jnp.float32)
         mlp, idx, beta = theta["mlp"], self.momentum_index, self.decays[self.momentum_index]
         first, rest = (mlp["input"]["w"], mlp["input"]["b"]), later_layers(mlp, self.hidden_layers)
-        layout, consts = self.update_layout, self.spec().constants
+        layout = self.update_layout
 
         def init_fn(params):
             momenta, second = init_accumulators(params, len(self.decays))
@@ -257,15 +239,16 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             t1 = (t + 1).astype(jnp.float32)
             nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
             if is_orthogonalized(role, shape):
-                u = (nesterov / (ft.rms(nesterov) + consts["norm_eps"])).reshape(-1)
-                r = normalized_feature_mlp(g32.reshape(-1), p32.reshape(-1), m.reshape(k, n), v.reshape(-1), idx,
-                                           first, rest, BLOCK, layout)
+                # flat [n] (the layout's blocks), or in the tensor's own shape where the layout keeps it (sharded)
+                flat = (lambda x, *lead: x) if layout.keeps_shape(g) else (lambda x, *lead: x.reshape(*lead, n))
+                u = flat(nesterov / (ft.rms(nesterov) + 1e-8))
+                r = normalized_feature_mlp(flat(g32), flat(p32), flat(m, k), flat(v), idx, first, rest, BLOCK, layout)
                 u = u + (r if fade is None else fade * r)
-                step = lrs[0] * (width_scale(shape, role) * orthogonalize(u.reshape(shape), role)
-                                 + self.weight_decay * p32)
+                orth = gathered(lambda x: orthogonalize(x, role), u.reshape(shape))
+                step = lrs[0] * (width_scale(shape, role) * orth + self.weight_decay * p32)
             else:
                 v_hat = v / (1.0 - self.rms_decay ** t1)
-                step = lrs[1] * (nesterov / (jnp.sqrt(v_hat) + consts["adam_eps"]) + self.weight_decay * p32)
+                step = lrs[1] * (nesterov / (jnp.sqrt(v_hat) + 1e-8) + self.weight_decay * p32)
             return (-step).astype(jnp.result_type(p)), m, v
 
         def update_fn(updates, state, params=None, **extra_args):

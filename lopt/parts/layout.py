@@ -17,6 +17,15 @@ backend.
     layout = resolve("cpu")                 # or "accelerator", or an UpdateLayout
     c = layout.block_size(n)                # elements per block of a tensor of n elements
     total = layout.blockwise_sum(fn, n)     # Σ over blocks of fn(start, size)
+
+Sharded parameters. Cutting a tensor into blocks flattens it, which a tensor split over the devices
+of a mesh does not allow (an explicit mesh refuses the reshape; automatic sharding gathers the
+tensor). So a tensor whose type names a mesh axis (`is_sharded`: under `jax.set_mesh` of a mesh
+with `AxisType.Explicit` axes) is computed in its own shape, and so is every tensor with the
+"sharded" layout (`SHARDED`, for automatic sharding, where the type does not tell): elementwise work
+on the whole tensor, per-tensor sums over all its axes (`UpdateLayout.keeps_shape`). Work that needs
+the whole tensor on each device (a Newton–Schulz orthogonalization) gathers it and splits the result
+back as the parameter is split (`gathered`).
 """
 from __future__ import annotations
 
@@ -26,8 +35,8 @@ from typing import Any, Optional, Union
 import jax
 import jax.numpy as jnp
 
-__all__ = ["UpdateLayout", "CPU", "ACCELERATOR", "LAYOUTS", "resolve", "for_platform", "block_starts",
-           "blockwise_map"]
+__all__ = ["UpdateLayout", "CPU", "ACCELERATOR", "SHARDED", "LAYOUTS", "resolve", "for_platform", "block_starts",
+           "blockwise_map", "is_sharded", "gathered"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +53,8 @@ class UpdateLayout:
       sum_block: with `cache_sized`, elements per block of `blockwise_sum`.
       sum_min_blocks: with `cache_sized`, the fewest full blocks worth splitting a sum into
         (fewer: the sum is taken whole).
+      keep_shape: compute every tensor in its own shape, never flattened into blocks (the
+        "sharded" layout: updates keep each parameter's sharding under automatic sharding).
     """
     name: str = "cpu"
     cache_sized: bool = True
@@ -52,6 +63,7 @@ class UpdateLayout:
     blocks_per_tensor: int = 16
     sum_block: int = 131072
     sum_min_blocks: int = 16
+    keep_shape: bool = False
 
     def __post_init__(self) -> None:
         if not (self.min_block >= 1 and self.max_block >= self.min_block and self.blocks_per_tensor >= 1
@@ -123,18 +135,73 @@ class UpdateLayout:
         return total + fn(full * c, tail) if tail else total
 
 
+    def keeps_shape(self, x: Any) -> bool:
+        """Whether a tensor is computed in its own shape: with `keep_shape`, or when it is sharded
+        over an explicit mesh (`is_sharded`). Static: read from the layout and x's type.
+
+        Args:
+          x: the tensor (an array or tracer).
+
+        Returns:
+          a Python bool.
+        """
+        return self.keep_shape or is_sharded(x)
+
+
+def is_sharded(x: Any) -> bool:
+    """Whether x's type splits an axis over a mesh axis (explicit sharding, `jax.set_mesh`).
+
+    Under automatic sharding, and on one device, the type names no mesh axis: False.
+
+    Args:
+      x: an array, tracer, Python number or `jax.ShapeDtypeStruct`.
+
+    Returns:
+      a Python bool (static under jit).
+    """
+    try:
+        spec = jax.typeof(x).sharding.spec
+    except (AttributeError, TypeError):
+        return False
+    return any(axis is not None for axis in spec)
+
+
+def gathered(fn, x: jax.Array) -> jax.Array:
+    """fn(x) for work that needs all of x on each device, e.g. a Newton–Schulz orthogonalization.
+
+    A tensor sharded over an explicit mesh (`is_sharded`) is gathered (`jax.sharding.reshard` to
+    replicated), fn runs on the whole tensor on every device, and the result is split back as x
+    is (each device keeps its part: memory of one whole tensor per device while fn runs, fn's
+    compute repeated on every device). Otherwise fn(x).
+
+    Args:
+      fn: x -> an array of x's shape.
+      x: the tensor.
+
+    Returns:
+      fn(x), sharded as x.
+    """
+    if not is_sharded(x):
+        return fn(x)
+    spec = jax.typeof(x).sharding.spec
+    whole = jax.sharding.reshard(x, jax.sharding.PartitionSpec())
+    return jax.sharding.reshard(fn(whole), spec)
+
+
 CPU = UpdateLayout("cpu")
 # On an accelerator a per-parameter MLP runs on blocks of up to 2^22 elements (bounding its
 # temporaries, [F + H, c] float32, for tensors of any size) and sums reduce whole tensors.
 ACCELERATOR = UpdateLayout("accelerator", cache_sized=False, max_block=1 << 22)
-LAYOUTS = {"cpu": CPU, "accelerator": ACCELERATOR}
+# Every tensor in its own shape, for parameters sharded over several devices under automatic sharding.
+SHARDED = UpdateLayout("sharded", cache_sized=False, keep_shape=True)
+LAYOUTS = {"cpu": CPU, "accelerator": ACCELERATOR, "sharded": SHARDED}
 
 
 def resolve(layout: Union[str, UpdateLayout]) -> UpdateLayout:
     """The `UpdateLayout` a name stands for ("cpu", "accelerator"), or the layout itself.
 
     Args:
-      layout: a name of `LAYOUTS` or an `UpdateLayout`.
+      layout: a name of `LAYOUTS` ("cpu", "accelerator", "sharded") or an `UpdateLayout`.
 
     Returns:
       The layout.

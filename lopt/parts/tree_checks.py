@@ -96,6 +96,51 @@ def require_params(updates: Any, params: Any, name: str) -> None:
     if params is None:
         raise ValueError(f"{name} needs params: call tx.update(grads, state, params)")
     check_grads_match_params(updates, params, name)
+    check_real_floating(updates, params, name)
+
+
+def check_real_floating(updates: Any, params: Any, name: str) -> None:
+    """A clear error unless every gradient and parameter leaf is a real floating-point number.
+
+    A learned optimizer's features and update are real: a complex leaf would lose its imaginary
+    part, an integer one would get an update rounded to zero, and a float0 gradient (`jax.grad`
+    with `allow_int`) has no values. Such leaves are refused, naming the first one, rather than
+    optimised wrongly: split complex parameters into real and imaginary parts
+    (`optax.contrib.split_real_and_imaginary(tx)`), and keep integer leaves out of the optimizer
+    (`optax.partition` with `optax.set_to_zero()` for them). Python floats and ints count as float32.
+
+    Args:
+      updates: the gradients given to `tx.update`.
+      params: the parameters (same tree structure).
+      name: the optimizer's name, for the message.
+
+    Raises:
+      TypeError: naming the first leaf path whose gradient or parameter is not a real float.
+    """
+    treedef = jax.tree_util.tree_structure(updates)
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(updates)[0]]
+    for path, g, p in zip(paths, treedef.flatten_up_to(updates), treedef.flatten_up_to(params)):
+        for what, x in (("gradient", g), ("parameter", p)):
+            dtype = jax.dtypes.float0 if getattr(x, "dtype", None) == jax.dtypes.float0 else jnp.result_type(x)
+            if dtype == jax.dtypes.float0 or not jnp.issubdtype(dtype, jnp.floating):
+                shown = "float0" if dtype == jax.dtypes.float0 else dtype
+                raise TypeError(
+                    f"{name}: the {what} of leaf {leaf_path(path)} has dtype {shown}, but it updates real "
+                    f"floating-point parameters only. Complex parameters: wrap the optimizer in "
+                    f"optax.contrib.split_real_and_imaginary(tx); integer parameters or float0 gradients: leave "
+                    f"them out (optax.partition with optax.set_to_zero() for them)")
+
+
+def is_abstract(tree: Any) -> bool:
+    """Whether any leaf of `tree` is a `jax.ShapeDtypeStruct` (a shape without values).
+
+    Args:
+      tree: a pytree, e.g. the params given to `tx.init`.
+
+    Returns:
+      a Python bool.
+    """
+    return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tree))
 
 
 def leaves_of(tree: Any, *others: Any) -> tuple[Any, list, list[list]]:

@@ -36,6 +36,8 @@ import warnings
 from typing import Any, Optional
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lopt.base import LearnedOptimizer
@@ -197,24 +199,28 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
 
     Args:
       name: one of `names()`.
-      num_steps: the training horizon (the number of updates you will make). Required by
-        optimizers meta-trained with progress features (their learned step-size schedule depends
-        on the fraction of training done); others ignore it.
+      num_steps: the training horizon (the number of updates you will make): a positive int, or a
+        scalar jax array that may be traced (e.g. under `optax.inject_hyperparams`, or sampled per
+        particle in meta-training; its value is then not checked). Required by optimizers
+        meta-trained with progress features (their learned step-size schedule depends on the
+        fraction of training done); others ignore it.
       weight_dimension_numbers: which axes of each weight are its inputs, where inference from
         the parameter's path and shape should not decide (`lopt.param_roles`; the fan-in rule of
         `NormMLPLOpt`): a pytree of `lopt.param_roles.ParamRole` / `optax.contrib.MuonDimensionNumbers`
         / None, or a callable (path, shape) -> one of them. None: infer every role.
       strict_roles: raise on a parameter whose input axes cannot be inferred, instead of warning.
-      layout: the update layout ("cpu", "accelerator" or a `lopt.parts.layout.UpdateLayout`); None:
-        the platform of `jax.default_backend()`, read once, now (`lopt.parts.layout.for_platform`).
-        It changes speed and float32 rounding, not the update.
+      layout: the update layout ("cpu", "accelerator", "sharded" or a `lopt.parts.layout.UpdateLayout`);
+        None: the platform of `jax.default_backend()`, read once, now (`lopt.parts.layout.for_platform`).
+        It changes speed and float32 rounding, not the update. Parameters sharded over an explicit
+        mesh are computed in their own shape with any layout; under automatic sharding pass
+        "sharded" so that updates and state keep each parameter's sharding.
 
     Returns:
       An `optax.GradientTransformationExtraArgs`.
 
     Raises:
-      ValueError: `name` is not shipped, its files are damaged, or `num_steps` is missing or not a
-        positive integer where the optimizer needs it; `weight_dimension_numbers` or `strict_roles`
+      ValueError: `name` is not shipped, its files are damaged, or `num_steps` is missing or neither
+        a positive integer nor a scalar array where the optimizer needs it; `weight_dimension_numbers` or `strict_roles`
         for an architecture without the fan-in rule.
 
     Warns (UserWarning) when `num_steps` exceeds the longest meta-training horizon the provenance
@@ -230,10 +236,15 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
         raise ValueError(f"pretrained optimizer {name!r} schedules its step size by training progress: pass "
                          f"num_steps=<the number of updates you will make>, e.g. "
                          f"lopt.pretrained.load({name!r}, num_steps=1000)")
-    if num_steps is not None and (isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1):
+    as_array = isinstance(num_steps, (jax.Array, np.ndarray, np.generic))  # maybe traced: its value is not read
+    if as_array and not (np.ndim(num_steps) == 0 and jnp.issubdtype(num_steps.dtype, jnp.number)
+                         and not jnp.issubdtype(num_steps.dtype, jnp.bool_)):
+        raise ValueError(f"num_steps must be a positive int or a scalar array (the training horizon), got {num_steps!r}")
+    if num_steps is not None and not as_array and (
+            isinstance(num_steps, bool) or not isinstance(num_steps, numbers.Integral) or num_steps < 1):
         raise ValueError(f"num_steps must be a positive int (the training horizon), got {num_steps!r}")
     horizons = record.get("meta_training_horizons")
-    if num_steps is not None and horizons and num_steps > horizons[1]:
+    if num_steps is not None and not as_array and horizons and num_steps > horizons[1]:
         warnings.warn(f"pretrained optimizer {name!r} was meta-trained on horizons of {horizons[0]}-{horizons[1]} steps; "
                       f"at num_steps={num_steps} it is outside them (docs/pretrained.md measures it at 4x: finite, but "
                       f"often ending at a higher loss than with a shorter horizon)", stacklevel=2)

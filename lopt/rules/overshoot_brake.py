@@ -31,6 +31,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lopt.parts.layout import is_sharded
+from lopt.parts.tree_checks import check_real_floating
+
 __all__ = ["OvershootBrakeState", "overshoot_brake", "brake_step", "check_options", "FLOOR"]
 
 FLOOR = 0.01
@@ -65,11 +68,20 @@ def brake_step(log_brake: jax.Array, grads: list, prev_steps: list, gain: float,
       float32 []: clip(log α_{t−1} − κ (c_t − c₀), log floor, 0).
     """
     zero = jnp.zeros((), jnp.float32)
-    dot = sum((jnp.vdot(g, d) for g, d in zip(grads, prev_steps)), zero)
-    gg = sum((jnp.vdot(g, g) for g in grads), zero)
-    dd = sum((jnp.vdot(d, d) for d in prev_steps), zero)
-    cos = jnp.where(dd > 0, dot * jax.lax.rsqrt(jnp.maximum(gg * dd, 1e-37)), 0.0)
+    dot = sum((_inner(g, d) for g, d in zip(grads, prev_steps)), zero)
+    gg = sum((_inner(g, g) for g in grads), zero)
+    dd = sum((_inner(d, d) for d in prev_steps), zero)
+    # the double where: at dd = 0 (t = 0) rsqrt's derivative at 1e-37 overflows, and 0 · inf would
+    # make jax.grad through the update NaN; the inner where keeps that branch's argument at 1
+    some = dd > 0
+    cos = jnp.where(some, dot * jax.lax.rsqrt(jnp.where(some, jnp.maximum(gg * dd, 1e-37), 1.0)), 0.0)
     return jnp.clip(log_brake - gain * (cos - threshold), math.log(floor), 0.0)
+
+
+def _inner(a: jax.Array, b: jax.Array) -> jax.Array:
+    """⟨a, b⟩ over every element: a flat dot product, or, for a tensor sharded over an explicit mesh
+    (which cannot be flattened), the sum of the elementwise product over its own shape."""
+    return jnp.sum(a * b) if is_sharded(a) else jnp.vdot(a, b)
 
 
 def check_options(gain: float, threshold: float) -> None:
@@ -105,10 +117,11 @@ def overshoot_brake(inner: optax.GradientTransformation, gain: float, threshold:
     inner = optax.with_extra_args_support(inner)
 
     def init_fn(params):
-        prev = jax.tree_util.tree_map(lambda p: jnp.zeros(jnp.shape(p), jnp.float32), params)
+        prev = jax.tree_util.tree_map(lambda p: jnp.zeros_like(p, jnp.float32), params)  # sharded as p
         return OvershootBrakeState(inner.init(params), prev, jnp.zeros((), jnp.float32))
 
     def update_fn(updates, state, params=None, **extra_args):
+        check_real_floating(updates, updates, "overshoot_brake")  # the cosine is of real gradients
         treedef = jax.tree_util.tree_structure(updates)
         grads = [jnp.asarray(g, jnp.float32) for g in treedef.flatten_up_to(updates)]
         log_brake = brake_step(state.log_brake, grads, treedef.flatten_up_to(state.prev_update), gain, threshold, floor)
