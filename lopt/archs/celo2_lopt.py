@@ -67,10 +67,13 @@ from lopt import param_roles
 from lopt.base import LearnedOptimizer, added_option, layout_option
 from lopt.parts import features as ft
 from lopt.parts import tree_checks
+from lopt.parts import newton_schulz
 from lopt.parts.layout import gathered
-from lopt.parts.moment_features import MomentFeatures, accumulate, init_accumulators, normalized_feature_mlp
+from lopt.parts.moment_features import (MomentFeatures, accumulate, accumulator_fields, feature_names,
+                                        init_accumulators, normalized_feature_mlp)
 from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_scale
 from lopt.parts.nn import later_layers, residual_mlp_init
+from lopt.parts.spec import PARAM, STEP, ArchSpec, StateField, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
 from lopt.rules import depth, horizon, overshoot_brake, schedule
 
@@ -188,6 +191,22 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         """
         return depth.depth_scale(num_matrices, self.depth_reference, self.depth_power)
 
+    def spec(self) -> ArchSpec:
+        """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
+
+        Returns:
+          features `moment_features.feature_names(K)`; constants "eps" (`features.EPS`),
+          "adam_eps" (`features.ADAM_EPS`, NAdamW's ε), "norm_eps" (`features.NORM_EPS`, b / (rms(b) + ε))
+          and `newton_schulz.constants()`; state "momenta", "second_moment", "iteration",
+          "loss_state" and, with `overshoot_gain`, the brake's "prev_update" and "log_brake".
+        """
+        constants = {"eps": ft.EPS, "adam_eps": ft.ADAM_EPS, "norm_eps": ft.NORM_EPS, **newton_schulz.constants()}
+        state = accumulator_fields(len(self.decays)) + (iteration_field(), ft.loss_state_field())
+        if self.overshoot_gain > 0:
+            state += (StateField("prev_update", PARAM, torch_per_param=False, doc="the brake's Δp_{t−1}"),
+                      StateField("log_brake", STEP, torch_per_param=False, doc="the brake's log α_{t−1}"))
+        return ArchSpec("Celo2LOpt", feature_names(len(self.decays)), constants, state)
+
     def init(self, key: jax.Array) -> dict:
         """Initial theta: Muon on matrices, Adam on the rest, plus a small random residual.
 
@@ -223,7 +242,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         decays = jnp.asarray(self.decays, jnp.float32)
         mlp, idx, beta = theta["mlp"], self.momentum_index, self.decays[self.momentum_index]
         first, rest = (mlp["input"]["w"], mlp["input"]["b"]), later_layers(mlp, self.hidden_layers)
-        layout = self.update_layout
+        layout, consts = self.update_layout, self.spec().constants
 
         def init_fn(params):
             momenta, second = init_accumulators(params, len(self.decays))
@@ -241,14 +260,14 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             if is_orthogonalized(role, shape):
                 # flat [n] (the layout's blocks), or in the tensor's own shape where the layout keeps it (sharded)
                 flat = (lambda x, *lead: x) if layout.keeps_shape(g) else (lambda x, *lead: x.reshape(*lead, n))
-                u = flat(nesterov / (ft.rms(nesterov) + 1e-8))
+                u = flat(nesterov / (ft.rms(nesterov) + consts["norm_eps"]))
                 r = normalized_feature_mlp(flat(g32), flat(p32), flat(m, k), flat(v), idx, first, rest, BLOCK, layout)
                 u = u + (r if fade is None else fade * r)
                 orth = gathered(lambda x: orthogonalize(x, role), u.reshape(shape))
                 step = lrs[0] * (width_scale(shape, role) * orth + self.weight_decay * p32)
             else:
                 v_hat = v / (1.0 - self.rms_decay ** t1)
-                step = lrs[1] * (nesterov / (jnp.sqrt(v_hat) + 1e-8) + self.weight_decay * p32)
+                step = lrs[1] * (nesterov / (jnp.sqrt(v_hat) + consts["adam_eps"]) + self.weight_decay * p32)
             return (-step).astype(jnp.result_type(p)), m, v
 
         def update_fn(updates, state, params=None, **extra_args):

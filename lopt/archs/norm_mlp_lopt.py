@@ -78,10 +78,13 @@ from lopt import param_roles
 from lopt.base import LearnedOptimizer, added_option, layout_option
 from lopt.parts import features as ft
 from lopt.parts import tree_checks
+from lopt.parts import newton_schulz
 from lopt.parts.layout import gathered
-from lopt.parts.moment_features import MomentFeatures, accumulate, init_accumulators, normalized_feature_mlp
+from lopt.parts.moment_features import (MomentFeatures, accumulate, accumulator_fields, feature_names,
+                                        init_accumulators, normalized_feature_mlp)
 from lopt.parts.newton_schulz import orthogonalize
 from lopt.parts.nn import later_layers, residual_mlp_init
+from lopt.parts.spec import PARAM, STEP, ArchSpec, StateField, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
 from lopt.rules import overshoot_brake, schedule
 
@@ -204,6 +207,28 @@ class NormMLPLOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         """η of a fresh theta, for matrices and vectors alike: `base_lr`."""
         return self.base_lr
 
+    def spec(self) -> ArchSpec:
+        """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
+
+        Returns:
+          features `moment_features.feature_names(K)`; constants "eps" (`features.EPS`),
+          "adam_eps" (`features.ADAM_EPS`, a's ε), "norm_eps" (`features.NORM_EPS`, û's ε) and,
+          with `orthogonalize`, `newton_schulz.constants()`; state "momenta", "second_moment",
+          "iteration", "loss_state", "scales" (ρ(p), one per leaf; "scale" in torch) and, with
+          `overshoot_gain`, the brake's "prev_update" and "log_brake" (`lopt.rules.overshoot_brake`).
+        """
+        constants = {"eps": ft.EPS, "adam_eps": ft.ADAM_EPS, "norm_eps": ft.NORM_EPS}
+        if self.orthogonalize:
+            constants.update(newton_schulz.constants())
+        state = accumulator_fields(len(self.decays)) + (
+            iteration_field(), ft.loss_state_field(),
+            StateField("scales", PARAM, shape_of=lambda s: (), fill=1.0, torch_name="scale",
+                       doc="ρ(p), fixed at init (1 without relative_step)"))
+        if self.overshoot_gain > 0:
+            state += (StateField("prev_update", PARAM, torch_per_param=False, doc="the brake's Δp_{t−1}"),
+                      StateField("log_brake", STEP, torch_per_param=False, doc="the brake's log α_{t−1}"))
+        return ArchSpec("NormMLPLOpt", feature_names(len(self.decays)), constants, state)
+
     def init(self, key: jax.Array) -> dict:
         """Initial theta: normalized Adam at `base_lr` plus a small random residual.
 
@@ -279,6 +304,7 @@ class NormMLPLOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         self.check_theta(theta, "NormMLPLOpt.opt_fn")
         decays = jnp.asarray(self.decays, jnp.float32)
         mlp, idx, layout = theta["mlp"], self.momentum_index, self.update_layout
+        consts = self.spec().constants
 
         def init_fn(params):
             if tree_checks.is_abstract(params):  # ρ(p) reads the values: the state's shapes, dtypes and shardings
@@ -308,7 +334,7 @@ class NormMLPLOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             t1 = (t + 1).astype(jnp.float32)
             m_hat = m[idx] / (1.0 - self.decays[idx] ** t1)
             v_hat = v / (1.0 - self.rms_decay ** t1)
-            adam = m_hat / (jnp.sqrt(v_hat) + 1e-8)
+            adam = m_hat / (jnp.sqrt(v_hat) + consts["adam_eps"])
             is_matrix = role.kind != "vector"
             lr = lrs[0] if is_matrix else lrs[1]
             if not is_matrix and self.vector_rule == "adam":
@@ -321,7 +347,7 @@ class NormMLPLOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                 if self.orthogonalize and role.kind == "matrix" and len(shape) == 2 and min(shape) > 1:
                     u = flat(gathered(lambda x: orthogonalize(x, param_roles.MATRIX), u.reshape(shape)))
                 if self.normalize_update:
-                    u = u / (ft.rms(u) + 1e-8)
+                    u = u / (ft.rms(u) + consts["norm_eps"])
                 u = jnp.clip(u, -self.clip_value, self.clip_value)
                 step = lr * u
             step = step * scale

@@ -11,9 +11,11 @@ and F = K + 5 features per parameter:
     g, p, m_1..m_K, √v, g/√(v+ε), m_0.9/√(v+ε)
 
 where m_0.9 is the momentum whose decay is closest to 0.9 (`momentum_index`) and ε =
-`features.EPS`. Each architecture normalises every feature by its root-mean-square over the
-tensor; `feature_sum_squares` gives the sums of squares that RMS is taken from, and
-`normalized_feature_mlp` runs a small per-parameter MLP on the normalized features.
+`features.EPS`; `feature_names(K)` names them in this order, the order of an architecture's spec
+(`lopt.parts.spec`), and `accumulator_fields(K)` states the accumulators there. Each architecture
+normalises every feature by its root-mean-square over the tensor; `feature_sum_squares` gives the
+sums of squares that RMS is taken from, and `normalized_feature_mlp` runs a small per-parameter
+MLP on the normalized features.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import jax.numpy as jnp
 from lopt.parts import features as ft
 from lopt.parts.layout import UpdateLayout, blockwise_map
 from lopt.parts.nn import elementwise_mlp
+from lopt.parts.spec import PARAM, StateField, reorder
 
 
 def init_accumulators(params: Any, num_decays: int) -> tuple[Any, Any]:
@@ -44,6 +47,19 @@ def init_accumulators(params: Any, num_decays: int) -> tuple[Any, Any]:
     return momenta, jax.tree_util.tree_map(zeros, params)
 
 
+def accumulator_fields(num_decays: int) -> tuple[StateField, StateField]:
+    """The accumulators' entries in an architecture's spec (`lopt.parts.spec`).
+
+    Args:
+      num_decays: K, the number of momenta.
+
+    Returns:
+      ("momenta" [K, *p.shape], "second_moment" [*p.shape]), per-parameter, elementwise.
+    """
+    return (StateField("momenta", PARAM, (num_decays,), doc="m_k, decay-major"),
+            StateField("second_moment", PARAM, doc="v"))
+
+
 class MomentFeatures:
     """What an architecture that reads this module's features declares about them (a mixin).
 
@@ -59,12 +75,33 @@ class MomentFeatures:
 
     @property
     def num_features(self) -> int:
-        """F = K + 5, the number of per-parameter features (`FEATURES`)."""
-        return len(self.decays) + 5
+        """F = K + 5, the number of per-parameter features (`feature_names`)."""
+        return len(feature_names(len(self.decays)))
 
 
 # The per-parameter features in the order every architecture reads them (K momenta in the middle).
 FEATURES = ("g", "p", "m_1..m_K", "sqrt_v", "g_over_sqrt_v", "m_0.9_over_sqrt_v")
+
+
+def feature_names(num_decays: int) -> tuple[str, ...]:
+    """The F = K + 5 features' names in order: `FEATURES` with the momenta m_1..m_K spelled out.
+
+    Args:
+      num_decays: K.
+
+    Returns:
+      ("g", "p", "m_1", .., "m_K", "sqrt_v", "g_over_sqrt_v", "m_0.9_over_sqrt_v").
+    """
+    out = []
+    for name in FEATURES:
+        out += [f"m_{k + 1}" for k in range(num_decays)] if name == "m_1..m_K" else [name]
+    return tuple(out)
+
+
+def _computed_names(num_decays: int) -> tuple[str, ...]:
+    """The order `leaf_features` and `feature_sum_squares` compute the features in, by name
+    (`spec.reorder` puts them into `feature_names`' order)."""
+    return ("g", "p", *(f"m_{k + 1}" for k in range(num_decays)), "sqrt_v", "g_over_sqrt_v", "m_0.9_over_sqrt_v")
 
 
 def momentum_index(decays: Sequence[float]) -> int:
@@ -112,15 +149,16 @@ def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_id
       mom_idx: the index of m_0.9 (`momentum_index`).
 
     Returns:
-      [g, p, m_1, .., m_K, √v, g/√(v+ε), m_0.9/√(v+ε)], each float32 [*s].
+      [g, p, m_1, .., m_K, √v, g/√(v+ε), m_0.9/√(v+ε)] in `feature_names(K)`' order, each float32 [*s].
     """
     rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
-    return [g, p, *m, jnp.sqrt(v), g * rsqrt_v, m[mom_idx] * rsqrt_v]
+    k = m.shape[0]
+    return reorder([g, p, *m, jnp.sqrt(v), g * rsqrt_v, m[mom_idx] * rsqrt_v], _computed_names(k), feature_names(k))
 
 
 def _sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int) -> jax.Array:
-    """Σ x_f² over every element of g [*s] (m [K, *s]) for the features of `leaf_features`, in their
-    order: float32 [F]."""
+    """Σ x_f² over every element of g [*s] (m [K, *s]) for the features of `leaf_features`, in the
+    order computed (`_computed_names`): float32 [F]."""
     rsqrt_v = jax.lax.rsqrt(v + ft.EPS)
     one = lambda x: jnp.sum(jnp.square(x))[None]
     return jnp.concatenate([one(g), one(p), jnp.sum(jnp.square(m), axis=tuple(range(1, m.ndim))), one(jnp.sqrt(v)),
@@ -152,8 +190,10 @@ def feature_sum_squares(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, 
         return _sum_squares(*(jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim - 1) for x in (g, p, m, v)),
                             mom_idx)
     if g.ndim != 1 or (layout is not None and layout.keeps_shape(g)):  # a tensor in its own shape: sums over all axes
-        return _sum_squares(g, p, m, v, mom_idx)
-    return layout.blockwise_sum(block, g.shape[-1]) if layout is not None else block(0, g.shape[-1])
+        sums = _sum_squares(g, p, m, v, mom_idx)
+    else:
+        sums = layout.blockwise_sum(block, g.shape[-1]) if layout is not None else block(0, g.shape[-1])
+    return reorder(sums, _computed_names(m.shape[0]), feature_names(m.shape[0]))
 
 
 def normalized_feature_mlp(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, mom_idx: int,
