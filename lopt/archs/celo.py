@@ -58,7 +58,8 @@ class CeloState:
       fac_row: per leaf, float32 [K, *p.shape without axis a] (rank ≥ 2) or [K, 0]: r_j.
       fac_col: per leaf, float32 [K, *p.shape without axis b] (rank ≥ 2) or [K, 0]: c_j.
       fac_full: per leaf, float32 [K, *p.shape] (rank < 2) or [K, 0]: d_j.
-      scheduler: the `learned_scheduler.SchedulerState`.
+      scheduler: the learned scheduler's state, a `lopt.parts.learned_scheduler.SchedulerState` (loss
+        averages and the LSTM's h and c).
       iteration: int32 []: the number of updates so far.
     """
     momenta: Any
@@ -66,7 +67,7 @@ class CeloState:
     fac_row: Any
     fac_col: Any
     fac_full: Any
-    scheduler: sched.SchedulerState
+    scheduler: Any  # a lopt.parts.learned_scheduler.SchedulerState
     iteration: jax.Array
 
 

@@ -37,12 +37,13 @@ class CeloAdamState:
     Attributes:
       mu: per leaf, float32 [*p.shape]: Adam's first moment m.
       nu: per leaf, float32 [*p.shape]: Adam's second moment v.
-      scheduler: the `learned_scheduler.SchedulerState`.
+      scheduler: the learned scheduler's state, a `lopt.parts.learned_scheduler.SchedulerState` (loss
+        averages and the LSTM's h and c).
       iteration: int32 []: the number of updates so far.
     """
     mu: Any
     nu: Any
-    scheduler: sched.SchedulerState
+    scheduler: Any  # a lopt.parts.learned_scheduler.SchedulerState
     iteration: jax.Array
 
 
