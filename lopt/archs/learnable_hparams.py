@@ -28,8 +28,14 @@ def _scalar(x: float) -> jax.Array:
 
 
 def _to_float32(tree: Any) -> Any:
-    is_float = lambda x: jnp.issubdtype(jnp.result_type(x), jnp.floating)
-    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32) if is_float(x) else x, tree)
+    """Floating leaves as float32; `jax.ShapeDtypeStruct` leaves (abstract init) stay abstract."""
+    def cast(x):
+        if not jnp.issubdtype(jnp.result_type(x.dtype if hasattr(x, "dtype") else x), jnp.floating):
+            return x
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, jnp.float32, sharding=x.sharding)
+        return jnp.asarray(x, jnp.float32)
+    return jax.tree_util.tree_map(cast, tree)
 
 
 def in_float32(inner: optax.GradientTransformation, name: str) -> optax.GradientTransformationExtraArgs:

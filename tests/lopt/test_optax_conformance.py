@@ -68,7 +68,7 @@ INAPPLICABLE = {
     "optimizers they name (momo, polyak_sgd); an architecture whose update requires loss= (NEEDS_LOSS) is "
     "run by the ShardingTest abstract-init case only",
 }
-NEEDS_LOSS = {"arch:Celo"}
+NEEDS_LOSS = {"arch:Celo", "arch:CeloAdam"}
 __doc__ += "".join(f"\n    {cls}.{method}: {why}" for (cls, method), why in INAPPLICABLE.items()) + "\n"
 
 

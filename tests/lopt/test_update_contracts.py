@@ -56,7 +56,7 @@ def test_derivatives_through_update_and_unrolls_are_finite(name):
         return losses[jnp.asarray([0, 4])]
 
     def first_update(g):
-        return sum(jnp.sum(u) for u in jax.tree.leaves(tx.update(g, tx.init(PARAMS), PARAMS)[0]))
+        return sum(jnp.sum(u) for u in jax.tree.leaves(tx.update(g, tx.init(PARAMS), PARAMS, loss=loss(PARAMS))[0]))
 
     jac, dg = jax.jit(lambda p, g: (jax.jacrev(unroll)(p), jax.grad(first_update)(g)))(
         PARAMS, jax.tree.map(jnp.ones_like, PARAMS))
