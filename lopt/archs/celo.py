@@ -253,12 +253,9 @@ class Celo(LearnedOptimizer):
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
             tree_checks.require_params(updates, params, "Celo")
-            if loss is None:
-                raise ValueError("Celo's scheduler reads the training loss: call tx.update(grads, state, params, "
-                                 "loss=loss)")
             treedef, gs, (ps, ms, vs, rows, cols, fulls) = tree_checks.leaves_of(
                 updates, params, state.momenta, state.rms, state.fac_row, state.fac_col, state.fac_full)
-            loss = jnp.asarray(loss, jnp.float32).reshape(())
+            loss = sched.training_loss(loss, "Celo")
             s, sched_state = sched.step(theta["scheduler"], state.scheduler, loss, state.iteration, num_steps)
             out = {name: [] for name in ("u", "m", "v", "row", "col", "full")}
             for leaf in zip(gs, ps, ms, vs, rows, cols, fulls):

@@ -115,11 +115,8 @@ class CeloAdam(LearnedOptimizer):
         def update_fn(updates, state, params=None, *, loss=None, **extra_args):
             del extra_args
             tree_checks.require_params(updates, params, "CeloAdam")
-            if loss is None:
-                raise ValueError("CeloAdam's scheduler reads the training loss: call tx.update(grads, state, params, "
-                                 "loss=loss)")
             treedef, gs, (ps, mus, nus) = tree_checks.leaves_of(updates, params, state.mu, state.nu)
-            loss = jnp.asarray(loss, jnp.float32).reshape(())
+            loss = sched.training_loss(loss, "CeloAdam")
             s, sched_state = sched.step(theta["scheduler"], state.scheduler, loss, state.iteration, num_steps)
             lr = s * self.step_mult
             t = state.iteration + 1

@@ -156,6 +156,24 @@ def scheduler_init(key: jax.Array, hidden: int) -> dict:
             "step_size": {"w": jnp.zeros((hidden, 1), jnp.float32), "b": jnp.zeros((1,), jnp.float32)}}
 
 
+def training_loss(loss: Any, name: str) -> jax.Array:
+    """The training loss an update was given, as the scheduler reads it.
+
+    Args:
+      loss: the `loss=` argument of `update` (a scalar, or None when the caller passed none).
+      name: the optimizer's name, for the error message.
+
+    Returns:
+      The loss as float32 [].
+
+    Raises:
+      ValueError: when no loss was given.
+    """
+    if loss is None:
+        raise ValueError(f"{name}'s scheduler reads the training loss: call tx.update(grads, state, params, loss=loss)")
+    return jnp.asarray(loss, jnp.float32).reshape(())
+
+
 def init_state(theta: dict, num_steps: Any) -> SchedulerState:
     """The scheduler's state before the first step: an empty loss buffer and the learned initial LSTM state.
 
