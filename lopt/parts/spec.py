@@ -15,10 +15,10 @@ layout against `init`'s state, the feature count against theta and torch's featu
 State fields have one of three scopes:
 
 - `PARAM`: one array per parameter leaf, shaped from the leaf's shape s (JAX layout): `dims + s`
-  (elementwise, e.g. momenta [K, *s]), or `shape_of(s)` (e.g. factored moments, one scalar).
+  (elementwise, e.g. momenta `[K, *s]`), or `shape_of(s)` (e.g. factored moments, one scalar).
   JAX keeps a pytree like the params; torch one tensor per parameter, elementwise fields in the
   parameter's own (torch) layout, `shape_of` fields in the JAX layout.
-- `TENSOR`: one array of shape `dims` per leaf; JAX stacks them, [L, *dims] (L leaves in the
+- `TENSOR`: one array of shape `dims` per leaf; JAX stacks them, `[L, *dims]` (L leaves in the
   params' tree order); torch keeps one per parameter (e.g. an LSTM's h).
 - `STEP`: one array of shape `dims` for the whole step (e.g. the loss EMA, the update count);
   torch keeps a copy in every parameter's state unless `torch_per_param` is False (the update
