@@ -9,7 +9,7 @@ module functions (`_get_opt_factory`, `_get_opt`), which are patched to know lop
 ShardingTest takes the optimizer object itself. Nothing of optax's code is copied.
 
 Optimizers: every `lopt.pretrained.names()` as `lopt.pretrained.load(name, num_steps=N)`, and every
-registered architecture (`lopt.architectures()`) at its default config with a fresh theta. Their
+architecture lopt defines (`tests.fixtures.builtin_architectures()`) at its default config with a fresh theta. Their
 factory takes `num_steps`, which the inject_hyperparams tests inject (so it is traced).
 
 Which optimizer meets which method here (CI time: each case compiles a learned update): every
@@ -34,6 +34,7 @@ import pytest
 
 import lopt
 import lopt.pretrained
+from tests.fixtures import builtin_architectures
 
 from optax.contrib import _common_test as common_test  # noqa: E402
 from optax._src import alias_test  # noqa: E402
@@ -47,7 +48,7 @@ else:
 
 NUM_STEPS = 10
 SHIPPED = tuple(lopt.pretrained.names())
-ARCHITECTURES = tuple(lopt.architectures())
+ARCHITECTURES = tuple(builtin_architectures())
 ALL = tuple(f"pretrained:{n}" for n in SHIPPED) + tuple(f"arch:{a}" for a in ARCHITECTURES)
 RECOMMENDED = ("pretrained:celo2_v5", "pretrained:normmlp_v3")
 

@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 import lopt
 import lopt.pretrained
 from lopt.archs.norm_mlp_lopt import NormMLPLOpt
+from tests.fixtures import builtin_architectures
 
 K1, K2 = jax.random.split(jax.random.key(0))
 PARAMS = {"w": jax.random.normal(K1, (5, 4)) * 0.3, "b": jnp.zeros((4,))}
@@ -38,7 +39,7 @@ def optimizer(name: str):
 # the horizon and depth rules, which their default configs leave off; one compile each, not two), the others
 # at their default config
 SHIPPED_FOR = {"NormMLPLOpt": "normmlp_v3", "Celo2LOpt": "celo2_v5"}
-DIFFERENTIATED = tuple(SHIPPED_FOR.get(name, name) for name in lopt.architectures())
+DIFFERENTIATED = tuple(SHIPPED_FOR.get(name, name) for name in builtin_architectures())
 
 
 @pytest.mark.parametrize("name", DIFFERENTIATED)
