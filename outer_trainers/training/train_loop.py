@@ -8,7 +8,8 @@
 The loop, step by step:
 
     arguments checked (train_setup.prepare_training) ─► restore or init
-        ─► steps in jitted chunks (one compile; data parallel over local devices)
+        ─► steps in jitted chunks (one compile; data parallel over local devices, or the state and
+           batches split over a mesh axis with `sharding=ParamSharding(mesh)`: train_sharding)
         ─► at eval steps: every Evaluation on params (and EMA params)
         ─► at log steps: metrics.jsonl, TensorBoard, progress
         ─► checkpoints as the policy says (written in a background thread) ─► callbacks ─► yield
@@ -52,9 +53,10 @@ from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.reporting import RunTotals
 from outer_trainers.runs.summaries import MetricsLog, Progress
 from outer_trainers.training.train_eval import EMA_PREFIX, EVAL_PREFIX, EvalPlan
-from outer_trainers.training.train_resume import (extended_history, initial_tree, saved_structure,
+from outer_trainers.training.train_resume import (extended_history, initial_tree, saved_structure, state_shardings,
                                                   training_checkpoints)
 from outer_trainers.training.train_setup import TRAIN_KEYS, LoopOptions, RunFiles, TrainingSetup, prepare_training
+from outer_trainers.training.train_sharding import ParamSharding
 from outer_trainers.training.train_state import TrainState, train_step
 
 logger = logging.getLogger("outer_trainers")
@@ -119,7 +121,8 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
                output_dir: Optional[str] = None, checkpoint_policy: Optional[CheckpointPolicy] = None,
                checkpoint_dir: Optional[str] = None, resume: bool = True, overwrite: bool = False,
                options: LoopOptions = LoopOptions(), devices: Optional[Sequence[jax.Device]] = None,
-               config: Optional[dict] = None, extend: bool = False) -> Generator[TrainState, None, TrainResult]:
+               config: Optional[dict] = None, extend: bool = False,
+               sharding: Optional[ParamSharding] = None) -> Generator[TrainState, None, TrainResult]:
     """Trains a model for `num_steps` steps of `optimizer`, yielding the TrainState every `options.yield_every` steps.
 
     Returns a generator: `for state in train_loop(...)` sees the state at steps k · yield_every and at
@@ -153,7 +156,7 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
             steps, and at evaluation steps and the last step; default 100), progress (True or "bar", "log",
             "auto", False or "none"; default none), tensorboard, callbacks (`callback(step, state, metrics)`
             after each step that evaluated or checkpointed), yield_every (None: only returns), chunk_size.
-        devices: devices for data parallelism (default: all local).
+        devices: devices for data parallelism (default: all local); the state is replicated on each.
         config: JSON-able run configuration stored in checkpoints; it must match on resume.
         extend: train the run in `output_dir` further: resume its checkpoint, written by a run of another
             `num_steps` (finished or interrupted), and continue to `num_steps` (at least the steps it has
@@ -162,6 +165,9 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
             the checkpoint's step on (`train_resume` for the rule, the evaluations and the histories).
             Recorded in the checkpoints' config history (`runs.run_checkpoints.config_history`). Without it
             such a resume is refused ("does not match this run: num_steps").
+        sharding: split the params, optimizer state and EMA over a mesh axis instead of replicating them, and
+            each batch over the same axis (`ParamSharding(mesh, axis)`: fully sharded data parallelism; the
+            rule is `train_sharding`'s). Not with `devices`. Load a learned optimizer with `layout="sharded"`.
 
     Returns:
         A generator of TrainStates that returns the TrainResult.
@@ -175,7 +181,7 @@ def train_loop(task_or_model: Any, optimizer: optax.GradientTransformation, num_
                      overwrite=overwrite, config=config, extend=extend)
     setup = prepare_training(task_or_model, optimizer, num_steps, key=jax.random.key(seed) if key is None else key,
                              loss_fn=loss_fn, data=data, ema_decay=ema_decay, ema_warmup_steps=ema_warmup_steps,
-                             evaluation=evaluation, devices=devices, files=files, options=options)
+                             evaluation=evaluation, devices=devices, files=files, options=options, sharding=sharding)
     return run_training(setup)
 
 
@@ -191,16 +197,20 @@ def run_training(setup: TrainingSetup) -> Generator[TrainState, None, TrainResul
     """
     files, options, num_steps = setup.files, setup.options, setup.num_steps
     run = training_checkpoints(setup, BackgroundCheckpointManager)  # writes in a background thread
-    tree, totals = run.restore_or_init(jax.jit(lambda k: initial_tree(setup, k)), setup.init_key, resume=files.resume,
+    placement = state_shardings(setup)  # None: the state is replicated (or on one device)
+    split = {} if placement is None else {"out_shardings": {"state": placement, "history": setup.replicated}}
+    tree, totals = run.restore_or_init(jax.jit(lambda k: initial_tree(setup, k), **split), setup.init_key,
+                                       resume=files.resume,
                                        overwrite=files.overwrite, extend=files.extend,
                                        structure_for=lambda _, meta: saved_structure(setup, meta))
     state, history = tree["state"], jax.tree_util.tree_map(np.array, tree["history"])
     if run.extension is not None:  # histories laid out for the checkpoint's length: lay them out for this one
         history = extended_history(history, run.resumed_meta, int(state.step), setup)
-    if setup.replicated is not None:
-        state = jax.device_put(state, setup.replicated)
+    if setup.replicated is not None:  # a restored state is split again over the mesh
+        state = jax.device_put(state, setup.replicated if placement is None else placement)
     start = int(state.step)
-    run_chunk = jax.jit(lambda s, data, n: _chunk(setup, s, data, n))
+    split = {} if placement is None else {"out_shardings": (placement, setup.replicated)}
+    run_chunk = jax.jit(lambda s, data, n: _chunk(setup, s, data, n, placement), **split)
     log = MetricsLog(files.output_dir, resume_step=start if start > 0 else -1, tensorboard=options.tensorboard)
     bar = Progress(options.progress, total=num_steps, initial=start, desc="train", fields=TRAIN_PROGRESS_FIELDS)
     report = _StepReport(setup, history, log, totals.elapsed_s, start)
@@ -239,12 +249,17 @@ def run_training(setup: TrainingSetup) -> Generator[TrainState, None, TrainResul
     return _result(setup, state, history)
 
 
-def _chunk(setup: TrainingSetup, state: TrainState, data: Any, n: jax.Array) -> tuple[TrainState, dict]:
-    """`n` (traced, <= chunk_size) train steps and their metrics: one compile serves every chunk length."""
+def _chunk(setup: TrainingSetup, state: TrainState, data: Any, n: jax.Array,
+           placement: Optional[TrainState] = None) -> tuple[TrainState, dict]:
+    """`n` (traced, <= chunk_size) train steps and their metrics: one compile serves every chunk length.
+
+    With `placement` (the state's shardings), the state stays split so after every step."""
     def body(carry):
         i, s, out = carry
         s, m = train_step(setup.task, setup.optimizer, s, data, ema_decay=setup.ema_decay,
                           ema_warmup_steps=setup.ema_warmup_steps, batch_sharding=setup.sharding, with_metrics=True)
+        if placement is not None:
+            s = jax.lax.with_sharding_constraint(s, placement)
         return i + 1, s, {k: out[k].at[i].set(m[k]) for k in TRAIN_KEYS}
 
     out = {k: jnp.full((setup.options.chunk_size,), jnp.nan, jnp.float32) for k in TRAIN_KEYS}

@@ -3,6 +3,7 @@
     run = training_checkpoints(setup)                       # the run's RunCheckpoints (nothing read yet)
     step = check_training_start(setup)                      # what a start would do; reads, writes nothing
     tree = initial_tree(setup, key)                         # {"state": TrainState, "history": {...}}
+    placement = state_shardings(setup)                      # where each TrainState leaf lives (sharded runs)
 
 The checkpointed tree is the TrainState and the run's histories: "train" (loss and grad norm of
 every step: float32 [num_steps]) and "eval" (one value per evaluation step: float32 [E]), NaN
@@ -30,6 +31,10 @@ N₀ to N steps at step a (the checkpoint's step, a ≤ N):
   evaluation the old run made only because a = N₀ was its last step stays in metrics.jsonl but is
   not in the extended result (`extended_history`);
 - the loss and grad-norm histories grow to N steps (NaN past a until trained).
+
+A run with a `ParamSharding` (`train_sharding`) writes whole arrays (each leaf gathered to the
+host) and splits the restored state over its mesh again (`state_shardings`), so it resumes on
+any mesh, or on one device.
 """
 from __future__ import annotations
 
@@ -69,6 +74,24 @@ def initial_tree(setup: TrainingSetup, key: jax.Array, num_steps: Optional[int] 
     history = {"train": {k: np.full((num_steps,), np.nan, np.float32) for k in TRAIN_KEYS},
                "eval": {name: np.full((num_evals,), np.nan, np.float32) for name in setup.eval_names}}
     return {"state": state, "history": history}
+
+
+def state_shardings(setup: TrainingSetup) -> Optional[Any]:
+    """Where each leaf of the run's TrainState lives when its state is split over a mesh.
+
+    Args:
+        setup: the run.
+
+    Returns:
+        A TrainState of NamedShardings (`ParamSharding.state_shardings` of the initial state, whose params
+        give the parameter shapes), or None when `setup.param_sharding` is None.
+    """
+    if setup.param_sharding is None:
+        return None
+    structure = jax.eval_shape(lambda k: init_train_state(setup.task, setup.optimizer, k,
+                                                          ema=setup.ema_decay is not None, step_key=setup.step_key),
+                               setup.init_key)
+    return setup.param_sharding.state_shardings(structure, structure.params)
 
 
 def saved_structure(setup: TrainingSetup, meta: dict) -> Any:

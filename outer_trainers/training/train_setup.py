@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
 from outer_trainers.runs.summaries import PROGRESS_MODES
 from outer_trainers.training.train_eval import EvalPlan, Evaluator, evaluation_steps, model_metrics
+from outer_trainers.training.train_sharding import ParamSharding
 from outer_trainers.training.train_state import TrainState, as_task, data_parallel_sharding
 from tasks.base import Task
 
@@ -106,7 +107,8 @@ class TrainingSetup:
         num_steps: the run's length in steps.
         data: the DataSource, placed on the devices (None for data-free tasks).
         sharding: the batch sharding for data parallelism, or None on one device.
-        replicated: the replicated sharding over the same devices (state and data), or None.
+        replicated: the replicated sharding over the same devices (data; the state too without
+            `param_sharding`), or None.
         init_key: the key of the initial TrainState.
         step_key: the key the train steps draw from.
         ema_decay: the decay of the params' EMA, or None for no EMA.
@@ -116,6 +118,7 @@ class TrainingSetup:
         eval_names: the metric names it logs ("eval/<label>/<metric>", "eval_ema/...").
         files: where the run's files go.
         options: how the loop runs and reports.
+        param_sharding: how the TrainState is split over a mesh (`train_sharding`), or None: replicated.
     """
 
     task: Task
@@ -133,15 +136,16 @@ class TrainingSetup:
     eval_names: tuple[str, ...]
     files: RunFiles
     options: LoopOptions
+    param_sharding: Optional[ParamSharding] = None
 
     @property
     def num_devices(self) -> int:
-        """The number of devices the batch is split over.
+        """The number of devices the run uses.
 
         Returns:
-            The data-parallel mesh's size, or 1 without data parallelism.
+            The mesh's size (data parallelism or `param_sharding`), or 1 on one device.
         """
-        return 1 if self.sharding is None else self.sharding.mesh.size
+        return 1 if self.replicated is None else self.replicated.mesh.size
 
     def checkpoint_meta(self) -> dict:
         """The metadata stored in the run's checkpoints, which a resumed run must match ("num_steps" and
@@ -160,10 +164,11 @@ def prepare_training(task_or_model: Any, optimizer: optax.GradientTransformation
                      key: jax.Array, loss_fn: Optional[Callable] = None, data: Any = None,
                      ema_decay: Optional[float] = None, ema_warmup_steps: int = 0, evaluation: EvalPlan = EvalPlan(),
                      devices: Optional[Sequence[jax.Device]] = None, files: RunFiles = RunFiles(),
-                     options: LoopOptions = LoopOptions()) -> TrainingSetup:
+                     options: LoopOptions = LoopOptions(), sharding: Optional[ParamSharding] = None) -> TrainingSetup:
     """Checks a training run's arguments and resolves them into a TrainingSetup.
 
-    Builds the Task (`as_task`), places its data on the devices for data parallelism, builds the
+    Builds the Task (`as_task`), places its data on the devices (data parallelism, or the mesh of
+    `sharding`), builds the
     Evaluator and its steps, and checks that the checkpoint policy's `best_metric` is a metric the
     run logs. Reads and writes no file.
 
@@ -177,9 +182,11 @@ def prepare_training(task_or_model: Any, optimizer: optax.GradientTransformation
         ema_decay: keep an EMA of params with this decay, in [0, 1) (None: no EMA).
         ema_warmup_steps: steps over which the EMA decay ramps in (>= 0).
         evaluation: what is evaluated and when (`EvalPlan`).
-        devices: devices for data parallelism (default: all local).
+        devices: devices for data parallelism (default: all local; not with `sharding`).
         files: where the run's files go.
         options: how the loop runs and reports.
+        sharding: split the state's large leaves and each batch over a mesh axis (`ParamSharding`, FSDP), or
+            None: data parallelism over `devices` with the state replicated.
 
     Returns:
         The TrainingSetup.
@@ -198,8 +205,20 @@ def prepare_training(task_or_model: Any, optimizer: optax.GradientTransformation
     eval_steps = evaluation_steps(num_steps, evaluation.every, evaluation.at)
     task = as_task(task_or_model, loss_fn, data)
     data = task.data if data is None else data
-    sharding = data_parallel_sharding(data, devices)
-    replicated = None if sharding is None else NamedSharding(sharding.mesh, P())
+    param_sharding = sharding
+    if param_sharding is not None:
+        if not isinstance(param_sharding, ParamSharding):
+            raise TypeError(f"sharding must be a ParamSharding (e.g. ParamSharding(jax.make_mesh((4,), ('fsdp',)))), "
+                            f"got {type(param_sharding).__name__}")
+        if devices is not None:
+            raise ValueError("give devices or sharding, not both: a ParamSharding's mesh names the devices")
+        if data is not None:
+            param_sharding.check_batch_size(getattr(data, "batch_size", 0))
+        sharding = param_sharding.batch if data is not None else None
+        replicated = param_sharding.replicated
+    else:
+        sharding = data_parallel_sharding(data, devices)
+        replicated = None if sharding is None else NamedSharding(sharding.mesh, P())
     if replicated is not None:
         data = jax.device_put(data, replicated)
     init_key, step_key, eval_key = jax.random.split(key, 3)
@@ -217,4 +236,4 @@ def prepare_training(task_or_model: Any, optimizer: optax.GradientTransformation
                          replicated=replicated, init_key=init_key, step_key=step_key, ema_decay=ema_decay,
                          ema_warmup_steps=ema_warmup_steps, evaluator=evaluator,
                          eval_steps=tuple(eval_steps) if evaluator else (), eval_names=tuple(eval_names),
-                         files=files, options=options)
+                         files=files, options=options, param_sharding=param_sharding)
