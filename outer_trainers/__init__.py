@@ -28,8 +28,8 @@ from outer_trainers.steps import (ConstantTruncationSchedule, LOptInnerState, LO
                                   LogUniformTruncationSchedule, NeverEndingTruncationSchedule,
                                   PowerLawTruncationSchedule, StepOut, TruncatedStep,
                                   TruncationSchedule, TruncationState)
-from outer_trainers.training import (EvalPlan, Evaluation, Evaluator, LoopOptions, TrainResult, TrainState, run_to_end,
-                                     train_loop, train_model)
+from outer_trainers.training import (EvalPlan, Evaluation, Evaluator, LoopOptions, ParamSharding, TrainResult,
+                                     TrainState, run_to_end, train_loop, train_model)
 from outer_trainers.distributed import pbt_outer_train, pbt_reports, ray_outer_train
 
 __all__ = [
@@ -45,7 +45,8 @@ __all__ = [
     "best_runs", "compare_optimizers", "format_comparison", "make_task_trainer", "run_settings", "lr_grid",
     "FullES", "FullGrad", "NoiseReuseES", "TruncatedGrad", "TruncatedPESPMAP", "ShardedTruncatedPES",
     "CheckpointPolicy", "CheckpointManager", "MetaEvaluator", "ValidationSelector", "train_model", "TrainState",
-    "TrainResult", "train_loop", "run_to_end", "Evaluation", "Evaluator", "EvalPlan", "LoopOptions", "chained",
+    "TrainResult", "train_loop", "run_to_end", "Evaluation", "Evaluator", "EvalPlan", "LoopOptions", "ParamSharding",
+    "chained",
     "use_all_cpu_cores",
     "estimator_on_family", "ray_outer_train", "pbt_outer_train", "pbt_reports",
 ]

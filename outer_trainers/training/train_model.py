@@ -9,7 +9,7 @@
 
 `train_model` runs `outer_trainers.training.train_loop.train_loop` (evaluation during training, rolling and
 permanent checkpoints written in the background, exact resume, metrics.jsonl / TensorBoard /
-progress, callbacks, data parallelism, EMA with warm-up) to the end and returns its TrainResult;
+progress, callbacks, data parallelism or the state split over a mesh, EMA with warm-up) to the end and returns its TrainResult;
 iterate `train_loop` itself to see the TrainState during training. The pure pieces it is built
 from (`TrainState`, `init_train_state`, `train_step`, `eval_loss`, `as_task`) live in
 `outer_trainers.training.train_state` and are re-exported here: the vmapped evaluation trainers
@@ -57,7 +57,8 @@ def train_model(task_or_model: Any, optimizer: optax.GradientTransformation, num
         devices: devices for data parallelism (default: all local).
         **loop_options: `train_loop`'s other keyword arguments (evaluation (an `EvalPlan`), output_dir,
             checkpoint_policy, resume, overwrite, extend, options (a `LoopOptions` without `yield_every`),
-            ema_warmup_steps, config).
+            ema_warmup_steps, config, sharding (a `ParamSharding`: params, optimizer state and batches split
+            over a mesh axis, instead of `devices`)).
 
     Returns:
         A TrainResult.

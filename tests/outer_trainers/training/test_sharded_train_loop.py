@@ -19,7 +19,6 @@ import lopt
 import outer_trainers as ot
 import tasks
 from outer_trainers.runs.checkpoint_policy import CheckpointPolicy
-from outer_trainers.training import ParamSharding
 from outer_trainers.training.train_sharding import addressable_bytes, shard_spec
 
 AXIS = "fsdp"
@@ -61,21 +60,21 @@ def test_the_largest_divisible_dimension_is_split_and_small_or_indivisible_leave
 def test_bad_sharding_arguments_are_refused_naming_the_cause():
     mesh = jax.make_mesh((1,), (AXIS,))
     with pytest.raises(TypeError, match="jax.sharding.Mesh"):
-        ParamSharding("fsdp")
+        ot.ParamSharding("fsdp")
     with pytest.raises(ValueError, match="'data' is not an axis of the mesh"):
-        ParamSharding(mesh, "data")
+        ot.ParamSharding(mesh, "data")
     with pytest.raises(ValueError, match="name the one to shard over"):
-        ParamSharding(jax.make_mesh((1, 1), ("a", "b")))
+        ot.ParamSharding(jax.make_mesh((1, 1), ("a", "b")))
     with pytest.raises(ValueError, match="min_size"):
-        ParamSharding(mesh, min_size=-1)
+        ot.ParamSharding(mesh, min_size=-1)
     task = _Linear()
     with pytest.raises(ValueError, match="devices or sharding, not both"):
-        ot.train_loop(task, optax.adam(0.1), 2, sharding=ParamSharding(mesh), devices=jax.devices()[:1])
+        ot.train_loop(task, optax.adam(0.1), 2, sharding=ot.ParamSharding(mesh), devices=jax.devices()[:1])
     with pytest.raises(TypeError, match="must be a ParamSharding"):
         ot.train_loop(task, optax.adam(0.1), 2, sharding=mesh)
-    plan = ParamSharding(mesh)
+    plan = ot.ParamSharding(mesh)
     assert plan.axis == AXIS and plan.mesh.axis_types == (jax.sharding.AxisType.Auto,)  # explicit axes: automatic
-    assert plan == ParamSharding(jax.make_mesh((1,), (AXIS,))) and hash(plan) == hash(ParamSharding(mesh))
+    assert plan == ot.ParamSharding(jax.make_mesh((1,), (AXIS,))) and hash(plan) == hash(ot.ParamSharding(mesh))
 
 
 @pytest.mark.multidevice
@@ -84,7 +83,7 @@ def test_a_learned_optimizer_trains_split_over_four_devices_as_on_one(compile_co
     _need_four_devices()
     task = _Linear()
     tx = lopt.pretrained.load("celo2_v5", num_steps=8, layout="sharded")
-    plan = ParamSharding(jax.make_mesh((4,), (AXIS,)), min_size=256)
+    plan = ot.ParamSharding(jax.make_mesh((4,), (AXIS,)), min_size=256)
     kw = dict(ema_decay=0.9, evaluation=ot.EvalPlan(evals=()),
               options=ot.LoopOptions(chunk_size=2, log_every=2, yield_every=2, tensorboard=False))
     with pytest.raises(ValueError, match="batch size 18 cannot be split over mesh axis 'fsdp' of 4 devices"):
@@ -129,7 +128,7 @@ def test_a_learned_optimizer_trains_split_over_four_devices_as_on_one(compile_co
 def test_a_split_run_checkpoints_whole_arrays_and_resumes_split_or_on_one_device(tmp_path):
     _need_four_devices()
     task = _Linear()
-    plan = ParamSharding(jax.make_mesh((4,), (AXIS,)), min_size=256)
+    plan = ot.ParamSharding(jax.make_mesh((4,), (AXIS,)), min_size=256)
     kw = dict(ema_decay=0.9, evaluation=ot.EvalPlan(evals=()), options=ot.LoopOptions(chunk_size=4, log_every=4, tensorboard=False),
               checkpoint_policy=CheckpointPolicy(every_steps=4, every_seconds=None))
     straight = ot.train_model(task, optax.adam(1e-2), 8, sharding=plan, **kw)
