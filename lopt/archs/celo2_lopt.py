@@ -53,6 +53,11 @@ D the number of tensors that take the orthogonalized update (`lopt.rules.depth`)
 layers each layer's update moves the output, so deeper plain MLPs need smaller steps per layer
 (measured: docs/pretrained.md). With `overshoot_gain` > 0 every
 step is scaled by `lopt.rules.overshoot_brake`'s α_t ≤ 1.
+
+With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.rules.weight_decay`) adds Δp −= η · λ · p to every
+tensor whose role's kind is in `wd_roles` (default: matrices), η the step size of that tensor's own
+path (η_matrix or η_adam, schedule, horizon and depth factors included); λ = λ₀, or with
+`wd_learned` λ₀ · exp(`wd_log_range` · tanh(s)), s = theta["weight_decay"]["s"] a meta-parameter.
 """
 from __future__ import annotations
 
@@ -75,7 +80,7 @@ from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_sca
 from lopt.parts.nn import later_layers, residual_mlp_init
 from lopt.parts.spec import PARAM, STEP, ArchSpec, StateField, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
-from lopt.rules import depth, horizon, overshoot_brake, schedule
+from lopt.rules import depth, horizon, overshoot_brake, schedule, weight_decay as wd_rule
 
 DECAYS = (0.5, 0.95, 0.99)
 # elements per block of the per-parameter MLP with the CPU layout: a block's features and hidden units stay in cache
@@ -103,7 +108,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
     The math is in the module docstring. Theta: {"mlp": {"input": {"w" [F, H], "b" [H]},
     "hidden_i": {"w" [H, H], "b" [H]} for i in 1..hidden_layers-1, "output": {"w" [H, 1], "b" [1]}},
     "lr": {"hidden": {"w" [C, L], "b" [L]}, "output": {"w" [L, 2], "b" [2]}}} with F = len(decays) + 5,
-    C = len(timescales) + 5 and L = `lr_hidden_size`.
+    C = len(timescales) + 5 and L = `lr_hidden_size`; with `wd_learned`, also {"weight_decay": {"s" []}}.
 
     Args:
       hidden_size: H, the width of the per-parameter MLP's hidden layers.
@@ -132,6 +137,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         size multiplies, D the number of orthogonalized tensors the optimizer updates
         (`lopt.rules.depth.matrix_depth`): 1 up to D_ref matrices, smaller in deeper models (0: off).
       depth_power: its γ ≥ 0.
+      wd_rate: λ₀ ≥ 0 of the weight-decay rule (`lopt.rules.weight_decay`; 0: off), on top of `weight_decay`.
+      wd_learned: λ = λ₀ · exp(R · tanh(s)) with s a meta-parameter (0 in a fresh theta) instead of λ₀.
+      wd_log_range: R > 0, the bound of the learned log(λ / λ₀).
+      wd_roles: the role kinds the rule decays (`lopt.param_roles.KINDS`; default matrices only).
       layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
@@ -155,6 +164,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
     residual_horizon_power: float = added_option(0.0)
     depth_reference: int = added_option(0)
     depth_power: float = added_option(1.0)
+    wd_rate: float = added_option(0.0)
+    wd_learned: bool = added_option(False)
+    wd_log_range: float = added_option(3.0)
+    wd_roles: tuple[str, ...] = added_option(wd_rule.DEFAULT_ROLES)
     layout: Any = layout_option()
 
     def check_config(self) -> None:
@@ -173,6 +186,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                                       residual_horizon_power=self.residual_horizon_power)
         depth.check_depth_options(self.depth_reference, self.depth_power)
         schedule.check_schedule(self.schedule)
+        wd_rule.check_weight_decay_options(self.wd_rate, self.wd_learned, self.wd_log_range, self.wd_roles)
 
     @property
     def base_step_sizes(self) -> jax.Array:
@@ -214,11 +228,15 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
           key: PRNG key.
 
         Returns:
-          theta (see the class docstring); the step-size head's output layer is zero.
+          theta (see the class docstring); the step-size head's output layer is zero, and so is a learned
+          weight decay's s (λ = `wd_rate`).
         """
         k_in, k_hidden, k_out, k_lr = jax.random.split(key, 4)
         mlp = residual_mlp_init((k_in, k_hidden, k_out), self.num_features, self.hidden_size, self.hidden_layers, self.residual_init)
-        return {"mlp": mlp, "lr": step_size_head_init(k_lr, self.num_context, self.lr_hidden_size, 2)}
+        theta = {"mlp": mlp, "lr": step_size_head_init(k_lr, self.num_context, self.lr_hidden_size, 2)}
+        if self.wd_learned:
+            theta[wd_rule.THETA_KEY] = wd_rule.theta_init()
+        return theta
 
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False,
                weight_dimension_numbers: Any = None, strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
@@ -248,12 +266,15 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             momenta, second = init_accumulators(params, len(self.decays))
             return Celo2LOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state())
 
-        def update_leaf(g, p, m, v, role, t, lrs, fade):
+        def update_leaf(g, p, m, v, role, t, lrs, fade, lam):
             shape, k = jnp.shape(p), len(self.decays)
             n = math.prod(shape)
             if n == 0:
                 return jnp.zeros_like(p), m, v
             g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
+            decay = self.weight_decay  # plus the weight-decay rule's λ where it decays this role
+            if lam is not None and wd_rule.is_decayed(role, self.wd_roles):
+                decay = decay + lam
             m, v = accumulate(g32, m, v, decays, self.rms_decay)
             t1 = (t + 1).astype(jnp.float32)
             nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
@@ -264,10 +285,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                 r = normalized_feature_mlp(flat(g32), flat(p32), flat(m, k), flat(v), idx, first, rest, BLOCK, layout)
                 u = u + (r if fade is None else fade * r)
                 orth = gathered(lambda x: orthogonalize(x, role), u.reshape(shape))
-                step = lrs[0] * (width_scale(shape, role) * orth + self.weight_decay * p32)
+                step = lrs[0] * (width_scale(shape, role) * orth + decay * p32)
             else:
                 v_hat = v / (1.0 - self.rms_decay ** t1)
-                step = lrs[1] * (nesterov / (jnp.sqrt(v_hat) + consts["adam_eps"]) + self.weight_decay * p32)
+                step = lrs[1] * (nesterov / (jnp.sqrt(v_hat) + consts["adam_eps"]) + decay * p32)
             return (-step).astype(jnp.result_type(p)), m, v
 
         def update_fn(updates, state, params=None, **extra_args):
@@ -283,7 +304,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             treedef, gs, (ps, ms, vs, rs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment, roles)
             lrs = lrs * jnp.asarray([self.depth_scale(depth.matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0],
                                     jnp.float32)
-            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
+            lam = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range)
+            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state)
 

@@ -135,7 +135,9 @@ def load_theta_init(spec: str, learned_opt: LearnedOptimizer, changes: Sequence[
         config, so that theta means the same update rule.
       changes: config fields that may differ all the same (e.g. ("horizon_reference",
         "horizon_power"): meta-train a theta further under a changed option); theta must still have
-        the shapes `learned_opt.init` gives.
+        the shapes `learned_opt.init` gives, except that a top-level part of theta the file lacks (one
+        a changed option adds, e.g. `Celo2LOpt.wd_learned`'s learned weight decay) starts at
+        `learned_opt.init`'s value.
 
     Returns:
       the theta, a pytree shaped like `learned_opt.init`'s.
@@ -173,6 +175,10 @@ def load_theta_init(spec: str, learned_opt: LearnedOptimizer, changes: Sequence[
                          + ", ".join(f"{k} ({saved.get(k)!r} there, {run.get(k)!r} here)" for k in differ)
                          + "; bind the run's learned optimizer to the file's config, or name the fields in "
                          "train.theta_init_changes")
+    if changes and isinstance(theta, dict):
+        fresh = learned_opt.init(jax.random.key(0))
+        if isinstance(fresh, dict):
+            theta = {**{k: v for k, v in fresh.items() if k not in theta}, **theta}
     learned_opt.check_theta(theta, f"train.theta_init = {spec!r} (train.theta_init_changes = {list(changes)})")
     return theta
 

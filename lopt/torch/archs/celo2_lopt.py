@@ -26,6 +26,10 @@ JAX-layout axis but the last (dense [in, out], conv [*spatial, in, out]: the axe
 infers for them), and "vector" below. "embedding" and "vector" take the NAdamW path, and so does
 a "matrix" with a single input or output (`lopt.parts.newton_schulz.is_orthogonalized`).
 
+With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.torch.rules.weight_decay`) adds λ p to the
+bracket of every parameter whose role's kind is in `wd_roles`, λ = λ₀ or, with `wd_learned`,
+λ₀ · exp(`wd_log_range` · tanh(theta["weight_decay"]["s"])).
+
 With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.rules.overshoot_brake`),
 which `TorchLearnedOptimizer.step` applies over all parameters: every Δp scaled by α_t ≤ 1.
 """
@@ -35,6 +39,7 @@ import torch
 
 from lopt.parts.newton_schulz import is_orthogonalized
 from lopt.rules.depth import matrix_depth
+from lopt.rules.weight_decay import is_decayed
 from lopt.torch.param_roles import jax_role, role_of
 from lopt.torch.parts.moment_features import FlatLeaf, pow_f32
 from lopt.torch.parts.newton_schulz import orthogonalized_step
@@ -43,6 +48,7 @@ from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.horizon import horizon_scale
 from lopt.torch.rules.schedule import prior_schedule
+from lopt.torch.rules.weight_decay import decay_rate
 
 __all__ = ["Celo2LOptRule"]
 
@@ -96,6 +102,7 @@ class Celo2LOptRule(Rule):
         fade = None  # the learned residual's horizon factor per item, where one is set
         if lo.horizon_reference > 0 and lo.residual_horizon_power > 0:
             fade = horizon_scale(lo.horizon_reference, lo.residual_horizon_power, ctx, items)
+        lam = decay_rate(ctx.theta, lo.wd_rate, lo.wd_learned, lo.wd_log_range, ctx.dtype, ctx.device)
         for i, it in enumerate(items):
             shape = tuple(it.param.shape)
             if it.param.numel() == 0:
@@ -125,4 +132,6 @@ class Celo2LOptRule(Rule):
                 lr = lrs[i, 1]
             if lo.weight_decay:
                 step = step.add_(torch.mul(leaf.p.view(shape), lo.weight_decay))
+            if lam is not None and is_decayed(role, lo.wd_roles):
+                step = step.add_(torch.mul(leaf.p.view(shape), lam))
             yield step.mul_(lr).neg_()

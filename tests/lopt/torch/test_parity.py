@@ -144,6 +144,9 @@ CONFIGS = {
                                            residual_init=1.0, residual_horizon_power=0.5),
     # two orthogonalized tensors (dense_w, conv_w) past a depth reference of 1: matrix steps ×(1/2)^0.8 ≈ 0.57
     "celo2_depth": lopt.Celo2LOpt(depth_reference=1, depth_power=0.8),
+    # the weight-decay rule with a learned λ = 0.5·exp(3·tanh(s)), s perturbed, on the two matrices only (the
+    # bias is not decayed): the decay moves the matrices by 0.7-1.1 times their travel without it
+    "celo2_learned_weight_decay": lopt.Celo2LOpt(wd_rate=0.5, wd_learned=True),
 }
 
 
