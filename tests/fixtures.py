@@ -57,13 +57,9 @@ def builtin_architectures() -> list[str]:
     return [n for n in lopt.architectures() if lopt.architecture(n).__module__.startswith("lopt.")]
 
 
-# lopt.published's architectures run in JAX only: lopt.torch has no rule for them yet.
-JAX_ONLY_ARCHITECTURES = ("Celo", "CeloAdam")
-
-
 def torch_architectures() -> list[str]:
-    """`builtin_architectures()` that lopt.torch runs: all but `JAX_ONLY_ARCHITECTURES`, sorted."""
-    return [n for n in builtin_architectures() if n not in JAX_ONLY_ARCHITECTURES]
+    """`builtin_architectures()` that lopt.torch runs (every one), sorted."""
+    return builtin_architectures()
 
 
 def single_torch_thread():

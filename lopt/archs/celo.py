@@ -44,8 +44,27 @@ from lopt.base import LearnedOptimizer
 from lopt.parts import learned_scheduler as sched
 from lopt.parts import tree_checks
 from lopt.parts.nn import dense_init, elementwise_mlp, later_layers
+from lopt.parts.spec import PARAM, ArchSpec, StateField, iteration_field
 
 GRAD_CLIP = 1000.0
+# the numbers of the update that are not config, by name (`Celo.spec().constants`; lopt.torch reads them there)
+CONSTANTS = {"grad_clip": GRAD_CLIP, "feature_clip": 0.1, "g2_eps": 1e-30, "rsqrt_floor": 1e-9, "row_eps": 1e-9,
+             "full_eps": 1e-9, "rms_eps": 1e-6, "factor_eps": 1e-8, "norm_eps": 1e-5, "scale_eps": 1e-9}
+
+
+def feature_names(num_decays: int) -> tuple[str, ...]:
+    """The F = 6 + 8K features of the module docstring, named in their order (K = `num_decays`).
+
+    Returns:
+      ("g", "clip_g", "p", "m_1".., "v", "m_1_over_sqrt_v".., "rsqrt_v", "g_over_sqrt_f_1".., "g_over_sqrt_v",
+      "row_1".., "col_1".., "rsqrt_row_1".., "rsqrt_col_1".., "m_1_over_sqrt_f_1"..), the j-th factored
+      moment paired with the j-th momentum in the last K.
+    """
+    ks = range(1, num_decays + 1)
+    each = lambda fmt: tuple(fmt.format(k) for k in ks)
+    return (("g", "clip_g", "p") + each("m_{}") + ("v",) + each("m_{}_over_sqrt_v") + ("rsqrt_v",)
+            + each("g_over_sqrt_f_{}") + ("g_over_sqrt_v",) + each("row_{}") + each("col_{}") + each("rsqrt_row_{}")
+            + each("rsqrt_col_{}") + each("m_{0}_over_sqrt_f_{0}"))
 
 
 @flax.struct.dataclass
@@ -87,19 +106,32 @@ def factored_axes(shape: tuple) -> Optional[tuple[int, int]]:
     return int(order[-2]), int(order[-1])
 
 
-def init_factored(p: Any, num_decays: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Zero factored second moments of one tensor: (r, c, d) with the shapes of `CeloState`."""
-    shape, empty = tuple(jnp.shape(p)), jnp.zeros((num_decays, 0), jnp.float32)
+def factored_shapes(shape: tuple, num_decays: int) -> tuple[tuple, tuple, tuple]:
+    """The shapes of one tensor's factored second moments (r, c, d), as in `CeloState`.
+
+    Args:
+      shape: the tensor's shape s.
+      num_decays: K.
+
+    Returns:
+      rank >= 2: ([K, *s without a], [K, *s without b], [K, 0]); below: ([K, 0], [K, 0], [K, *s]).
+    """
+    shape, empty = tuple(shape), (num_decays, 0)
     axes = factored_axes(shape)
     if axes is None:
-        return empty, empty, jnp.zeros((num_decays,) + shape, jnp.float32)
+        return empty, empty, (num_decays,) + shape
     b, a = axes
-    row = jnp.zeros((num_decays,) + tuple(np.delete(shape, a)), jnp.float32)
-    return row, jnp.zeros((num_decays,) + tuple(np.delete(shape, b)), jnp.float32), empty
+    drop = lambda axis: (num_decays,) + tuple(int(n) for n in np.delete(shape, axis))
+    return drop(a), drop(b), empty
+
+
+def init_factored(p: Any, num_decays: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Zero factored second moments of one tensor: (r, c, d) with the shapes of `factored_shapes`."""
+    return tuple(jnp.zeros(s, jnp.float32) for s in factored_shapes(jnp.shape(p), num_decays))
 
 
 def _safe_rsqrt(x: jax.Array) -> jax.Array:
-    return jax.lax.rsqrt(jnp.maximum(x, 1e-9))
+    return jax.lax.rsqrt(jnp.maximum(x, CONSTANTS["rsqrt_floor"]))
 
 
 def _bcast(x: jax.Array, ndim: int) -> jax.Array:
@@ -123,14 +155,15 @@ def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, row: j
     """
     shape, k = g.shape, m.shape[0]
     gam = _bcast(fac_decays, len(shape) - 1 if factored_axes(shape) else len(shape))
-    g2 = g * g + 1e-30
+    g2 = g * g + CONSTANTS["g2_eps"]
     axes = factored_axes(shape)
     if axes is not None:
         b, a = axes
         row = gam * row + (1.0 - gam) * jnp.mean(g2, axis=a)
         col = gam * col + (1.0 - gam) * jnp.mean(g2, axis=b)
         row_b = 1 + (b - 1 if b > a else b)  # axis b of r_j (axis a removed), behind the decay axis
-        row_factor = jnp.expand_dims(_safe_rsqrt(row / (jnp.mean(row, axis=row_b, keepdims=True) + 1e-9)), 1 + a)
+        row_mean = jnp.mean(row, axis=row_b, keepdims=True) + CONSTANTS["row_eps"]
+        row_factor = jnp.expand_dims(_safe_rsqrt(row / row_mean), 1 + a)
         col_factor = jnp.expand_dims(_safe_rsqrt(col), 1 + b)
         fac_g = g * row_factor * col_factor
         big_r = jnp.broadcast_to(jnp.expand_dims(row, 1 + a), (k,) + shape)
@@ -138,12 +171,13 @@ def leaf_features(g: jax.Array, p: jax.Array, m: jax.Array, v: jax.Array, row: j
         fac_m = m * row_factor * col_factor
     else:
         full = gam * full + (1.0 - gam) * g2
-        fac_g = g * _safe_rsqrt(full + 1e-9)
+        fac_g = g * _safe_rsqrt(full + CONSTANTS["full_eps"])
         big_r = big_c = full
         fac_m = m * full ** -0.5
-    rho = jax.lax.rsqrt(v + 1e-6)
-    feats = [g, jnp.clip(g, -0.1, 0.1), p, *m, v, *(m * rho), rho, *fac_g, g * rho, *big_r, *big_c,
-             *jax.lax.rsqrt(big_r + 1e-8), *jax.lax.rsqrt(big_c + 1e-8), *fac_m]
+    rho = jax.lax.rsqrt(v + CONSTANTS["rms_eps"])
+    clip, eps = CONSTANTS["feature_clip"], CONSTANTS["factor_eps"]
+    feats = [g, jnp.clip(g, -clip, clip), p, *m, v, *(m * rho), rho, *fac_g, g * rho, *big_r, *big_c,
+             *jax.lax.rsqrt(big_r + eps), *jax.lax.rsqrt(big_c + eps), *fac_m]
     return feats, (row, col, full)
 
 
@@ -172,9 +206,9 @@ def leaf_update(g: Any, p: Any, m: jax.Array, v: jax.Array, row: jax.Array, col:
     m = _bcast(betas, g32.ndim) * m + (1.0 - _bcast(betas, g32.ndim)) * g32
     v = beta_v * v + (1.0 - beta_v) * (g32 * g32)
     feats, (row, col, full) = leaf_features(g32, p32, m, v, row, col, full, gammas)
-    feats = [f * jax.lax.rsqrt(1e-5 + jnp.mean(jnp.square(f))) for f in feats]
+    feats = [f * jax.lax.rsqrt(CONSTANTS["norm_eps"] + jnp.mean(jnp.square(f))) for f in feats]
     direction, magnitude = elementwise_mlp(feats, layers)
-    scale = jnp.sqrt(jnp.mean(jnp.square(p32)) + 1e-9)
+    scale = jnp.sqrt(jnp.mean(jnp.square(p32)) + CONSTANTS["scale_eps"])
     step = s * (direction * (scale * jnp.exp(magnitude * mults[0])) * mults[1])
     return -step.astype(jnp.result_type(p)), m, v, row, col, full
 
@@ -216,6 +250,24 @@ class Celo(LearnedOptimizer):
     def num_features(self) -> int:
         """F = 6 + 2K + 6K, the per-parameter MLP's input width."""
         return 6 + 8 * len(self.momentum_decays)
+
+    def spec(self) -> ArchSpec:
+        """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
+
+        Returns:
+          features `feature_names(K)`; constants `CONSTANTS`; state "momenta" [K, *s], "rms" [*s],
+          "fac_row", "fac_col", "fac_full" (shapes of `init_factored`, JAX layout), the scheduler's
+          (`learned_scheduler.state_fields`) and "iteration".
+        """
+        k = len(self.momentum_decays)
+        fac = lambda which: lambda shape: factored_shapes(shape, k)[which]
+        state = (StateField("momenta", PARAM, (k,), doc="the momenta m_k"),
+                 StateField("rms", PARAM, doc="the second moment v"),
+                 StateField("fac_row", PARAM, shape_of=fac(0), doc="r_j (rank >= 2; else [K, 0])"),
+                 StateField("fac_col", PARAM, shape_of=fac(1), doc="c_j (rank >= 2; else [K, 0])"),
+                 StateField("fac_full", PARAM, shape_of=fac(2), doc="d_j (rank < 2; else [K, 0])"))
+        return ArchSpec("Celo", feature_names(k), dict(CONSTANTS),
+                        state + sched.state_fields(self.lstm_hidden) + (iteration_field(),))
 
     def init(self, key: jax.Array) -> dict:
         k_sched, k_in, k_hidden, k_out = jax.random.split(key, 4)

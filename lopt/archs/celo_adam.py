@@ -26,8 +26,11 @@ import optax
 from lopt.base import LearnedOptimizer
 from lopt.parts import learned_scheduler as sched
 from lopt.parts import tree_checks
+from lopt.parts.spec import PARAM, ArchSpec, StateField, iteration_field
 
 GRAD_CLIP = 1000.0
+# added to v̂ under the square root (`CeloAdam.spec().constants["sqrt_eps"]`)
+SQRT_EPS = 1e-10
 
 
 @flax.struct.dataclass
@@ -69,7 +72,7 @@ def leaf_update(g: Any, p: Any, mu: jax.Array, nu: jax.Array, lr: jax.Array, hpa
     g32 = jnp.clip(jnp.asarray(g, jnp.float32), -GRAD_CLIP, GRAD_CLIP)
     mu = b1 * mu + (1.0 - b1) * g32
     nu = b2 * nu + (1.0 - b2) * (g32 * g32)
-    step = (mu / corrections[0]) * (lr / (eps + jnp.sqrt(nu / corrections[1] + 1e-10)))
+    step = (mu / corrections[0]) * (lr / (eps + jnp.sqrt(nu / corrections[1] + SQRT_EPS)))
     return (-step).astype(jnp.result_type(p)), mu, nu
 
 
@@ -94,6 +97,18 @@ class CeloAdam(LearnedOptimizer):
         if not (0.0 <= self.b1 < 1.0 and 0.0 <= self.b2 < 1.0) or self.eps < 0 or self.lstm_hidden < 1:
             raise ValueError(f"CeloAdam: need b1, b2 in [0, 1), eps >= 0, lstm_hidden >= 1; got b1={self.b1}, "
                              f"b2={self.b2}, eps={self.eps}, lstm_hidden={self.lstm_hidden}")
+
+    def spec(self) -> ArchSpec:
+        """Its constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
+
+        Returns:
+          no features (no per-parameter network); constants "grad_clip" and "sqrt_eps"; state "mu",
+          "nu" [*s], the scheduler's (`learned_scheduler.state_fields`) and "iteration".
+        """
+        state = (StateField("mu", PARAM, doc="Adam's first moment m"),
+                 StateField("nu", PARAM, doc="Adam's second moment v"))
+        return ArchSpec("CeloAdam", (), {"grad_clip": GRAD_CLIP, "sqrt_eps": SQRT_EPS},
+                        state + sched.state_fields(self.lstm_hidden) + (iteration_field(),))
 
     def init(self, key: jax.Array) -> dict:
         return {"scheduler": sched.scheduler_init(key, self.lstm_hidden)}

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from lopt.parts.nn import dense_init, lstm_init, lstm_step
+from lopt.parts.spec import STEP, StateField
 
 FRACTION_CENTRES = (0.03, 0.1, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0, 1.1)
 NUM_LOSS_EMAS = 10
@@ -71,6 +72,28 @@ class SchedulerState:
     loss_buffer: LossBufferState
     h: jax.Array
     c: jax.Array
+
+
+def state_fields(hidden: int) -> tuple[StateField, ...]:
+    """The scheduler's state in an architecture's spec (`lopt.parts.spec`), one for the whole step.
+
+    Args:
+      hidden: H, the LSTM's width.
+
+    Returns:
+      "means", "running_min" [10] (torch: "loss_means", "loss_min"), "decays" [10] and "count" []
+      (torch keeps neither: δ_i follow from the group's horizon, the count is the parameter's
+      step), "h", "c" [1, H] (torch: "scheduler_h", "scheduler_c"; before the first update theta's
+      initial_state, 0 for a fresh theta).
+    """
+    n = (NUM_LOSS_EMAS,)
+    return (StateField("means", STEP, n, torch_name="loss_means", doc="the loss EMAs, not bias-corrected"),
+            StateField("running_min", STEP, n, fill=_FIRST_MIN, torch_name="loss_min",
+                       doc="the running minimum of the bias-corrected EMAs"),
+            StateField("decays", STEP, n, torch_per_param=False, doc="δ_i = exp(−1/h_i), fixed by the horizon"),
+            StateField("count", STEP, dtype="int32", torch_per_param=False, doc="the number of losses seen"),
+            StateField("h", STEP, (1, hidden), torch_name="scheduler_h", doc="the LSTM's h"),
+            StateField("c", STEP, (1, hidden), torch_name="scheduler_c", doc="the LSTM's c"))
 
 
 def init_loss_buffer(num_steps: Any) -> LossBufferState:

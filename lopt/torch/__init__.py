@@ -10,7 +10,8 @@
 num_steps), not a learning rate (`lopt.torch.schedules`). `lopt.torch.hf` (import it; it needs
 transformers) gives a Hugging Face Trainer its optimizer, a constant scheduler and the loss.
 
-`source` is a shipped name (`lopt.pretrained.names()`), a theta file (`lopt.save_theta`), or a
+`source` is a shipped name (`lopt.pretrained.names()`), a published one (`lopt.published.names()`:
+"celo", "celo_adam", other authors' released weights), a theta file (`lopt.save_theta`), or a
 `(learned_opt, theta)` pair; every architecture of `lopt.architectures()` has a torch rule.
 
 The update is each architecture's own, re-implemented in torch ops reading theta and the

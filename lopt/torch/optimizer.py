@@ -116,6 +116,10 @@ class TorchLearnedOptimizer(torch.optim.Optimizer):
         group = self.param_groups[-1]
         where = f"parameter group {len(self.param_groups) - 1}"
         group["num_steps"] = check_horizon(self.source, group["num_steps"], f"num_steps of {where}")
+        if group["num_steps"] is None and self.rule.requires_horizon:
+            raise ValueError(f"{self.source.learned_opt.name} ({self.source.label}) schedules its step size by "
+                             f"training progress: pass num_steps=<the number of optimizer steps you will take> "
+                             f"(for {where})")
         lr = group["lr"]
         if not (isinstance(lr, torch.Tensor) or (isinstance(lr, numbers.Real) and not isinstance(lr, bool))) or lr < 0:
             raise ValueError(f"lr of {where} must be a number >= 0 (a multiplier of the learned update), got {lr!r}")
@@ -333,8 +337,9 @@ def optimizer(source: Any, params: Any, num_steps: Optional[int] = None, *, stri
     once); a `role` or `layout` option given here overrides them.
 
     Args:
-      source: a shipped name (`lopt.pretrained.names()`), the path of a theta file
-        (`lopt.save_theta`), or a `(learned_opt, theta)` pair (e.g. `(lopt.MLPLOpt(), theta)`).
+      source: a shipped name (`lopt.pretrained.names()`), a published one (`lopt.published.names()`:
+        "celo", "celo_adam", from their authors' weights), the path of a theta file (`lopt.save_theta`),
+        or a `(learned_opt, theta)` pair (e.g. `(lopt.MLPLOpt(), theta)`).
       params: an nn.Module, its named_parameters(), or an iterable of parameters or of parameter
         groups (dicts), as for any torch optimizer.
       num_steps: the training horizon N: how many steps you will take (required by the shipped

@@ -108,6 +108,8 @@ class Rule:
     #: every update, over all parameters (None: no brake); set from the architecture's
     #: `overshoot_gain` (> 0) and `overshoot_threshold`, where it has them
     brake: Any = None
+    #: whether every parameter group needs num_steps (the architecture schedules by progress t/N)
+    requires_horizon: bool = False
     #: whether `init_state` takes a parameter group's `role` (`lopt.param_roles` kinds) as role=
     reads_roles: bool = False
 

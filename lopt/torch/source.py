@@ -1,6 +1,7 @@
 """Where a torch optimizer's architecture and theta come from: a shipped name, a theta file, or a pair.
 
     resolve("normmlp_v3")                    # lopt.pretrained, as `load` builds it (deploy options applied)
+    resolve("celo_adam")                     # lopt.published: another authors' released weights
     resolve("run/theta_final.msgpack")       # a lopt.save_theta file
     resolve((learned_opt, theta))            # e.g. MLPLOpt(), MLPLOpt().init(key)
 """
@@ -17,6 +18,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 import lopt
+import lopt.published
 from lopt.base import LearnedOptimizer
 from lopt.torch.user_line import user_stacklevel
 
@@ -50,8 +52,8 @@ def resolve(source: Any) -> Source:
     """The architecture and theta `source` names.
 
     Args:
-      source: a shipped name (`lopt.pretrained.names()`), the path of a theta file
-        (`lopt.save_theta`), or a `(learned_opt, theta)` pair.
+      source: a shipped name (`lopt.pretrained.names()`), a published one (`lopt.published.names()`,
+        e.g. "celo"), the path of a theta file (`lopt.save_theta`), or a `(learned_opt, theta)` pair.
 
     Returns:
       A `Source`.
@@ -67,10 +69,13 @@ def resolve(source: Any) -> Source:
             learned_opt, theta = lopt.pretrained.deployed_learned_optimizer(text)  # as lopt.pretrained.load
             info = lopt.pretrained.info(text)
             return Source(learned_opt, _numpy(theta), text, text, info.get("meta_training_horizons"))
+        if text in lopt.published.names():  # another authors' optimizer, from their released weights
+            learned_opt, theta = lopt.published.learned_optimizer(text)
+            return Source(learned_opt, _numpy(theta), text)
         if os.path.exists(text):
             learned_opt, theta = lopt.load_learned_optimizer(text)
             return Source(learned_opt, _numpy(theta), text)
-        known = ", ".join(repr(n) for n in lopt.pretrained.names()) or "none"
+        known = ", ".join(repr(n) for n in lopt.pretrained.names() + lopt.published.names()) or "none"
         raise ValueError(f"unknown pretrained optimizer {text!r} (and no theta file at that path); shipped: {known}. "
                          f"Pass a shipped name, the path of a lopt.save_theta file, or a (learned_opt, theta) pair")
     if isinstance(source, (tuple, list)) and len(source) == 2 and isinstance(source[0], LearnedOptimizer):

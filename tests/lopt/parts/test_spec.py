@@ -1,4 +1,5 @@
 """Each architecture's spec (`lopt.parts.spec`) is what its JAX implementation builds and what lopt.torch reads."""
+import dataclasses
 import inspect
 
 import jax
@@ -29,10 +30,12 @@ def _with_torch_rule():
 
 
 def _named_leaves(state, out=None):
-    """{field name: value} of a (nested) NamedTuple optimizer state, read flat."""
+    """{field name: value} of a (nested) NamedTuple or flax dataclass optimizer state, read flat."""
     out = {} if out is None else out
-    for name, value in zip(state._fields, state):
-        if hasattr(value, "_fields"):
+    names = state._fields if hasattr(state, "_fields") else [f.name for f in dataclasses.fields(state)]
+    for name in names:
+        value = getattr(state, name)
+        if hasattr(value, "_fields") or dataclasses.is_dataclass(value):
             _named_leaves(value, out)
         elif name not in ("inner",):
             out[name] = value
@@ -45,7 +48,7 @@ def _state_of(lo):
     parts = state if isinstance(state, tuple) and not hasattr(state, "_fields") else (state,)
     named = {}
     for part in parts:  # optax chains: a tuple of states
-        if hasattr(part, "_fields"):
+        if hasattr(part, "_fields") or dataclasses.is_dataclass(part):
             _named_leaves(part, named)
     return named
 
@@ -76,7 +79,8 @@ def test_the_spec_state_layout_is_the_state_init_builds(lo):
         else:
             got = [np.asarray(value)]
             assert got[0].shape == field.shape(), field.name
-        if field.name != "scales":  # ρ(p) is computed at init; fill is its value without relative_step
+        # ρ(p) is computed at init (fill: its value without relative_step); δ_i follow from the horizon
+        if field.name not in ("scales", "decays"):
             assert all(np.all(x == field.fill) for x in got), field.name
 
 
@@ -84,7 +88,7 @@ def _first_layer_width(lo, theta):
     name = type(lo).__name__
     if name in ("MLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt"):
         return theta["input"]["w"].shape[0]
-    if name in ("NormMLPLOpt", "Celo2LOpt"):
+    if name in ("NormMLPLOpt", "Celo2LOpt", "Celo"):
         return theta["mlp"]["input"]["w"].shape[0]
     if name == "HyperLOpt":  # the generated MLP's first layer; the LSTM reads one statistic per feature first
         assert theta["lstm"]["wx"].shape[0] == lo.num_features + 1 + len(lo.timescales) + 5
