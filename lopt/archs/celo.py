@@ -238,6 +238,9 @@ class Celo(LearnedOptimizer):
     exp_mult: float = 0.001
     step_mult: float = 0.001
 
+    #: the axes (b, a) whose second moments are factored (the module's `factored_axes`; lopt.torch reads it here)
+    factored_axes = staticmethod(factored_axes)
+
     def check_config(self) -> None:
         if not self.momentum_decays or len(self.adafactor_decays) != len(self.momentum_decays):
             raise ValueError(f"Celo: adafactor_decays {self.adafactor_decays} must be as many as momentum_decays "

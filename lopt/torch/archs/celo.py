@@ -2,7 +2,7 @@
 
 Per parameter, s the scheduler's multiplier of this step (`lopt.torch.parts.learned_scheduler`),
 everything computed on the JAX-layout view of the tensor (`Item.axes`), because the factored
-second moments reduce over its two largest axes (`lopt.archs.celo.factored_axes`):
+second moments reduce over its two largest axes (`lopt.Celo.factored_axes`):
 
     g ← clip(g, ±grad_clip),  m_k ← β_k m_k + (1 − β_k) g,  v ← β_v v + (1 − β_v) g²
     r_j, c_j (rank ≥ 2) or d_j (below) ← the factored moments of g² + g2_eps
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from lopt.archs.celo import factored_axes
 from lopt.torch.layout import inverse_axes
 from lopt.torch.parts import learned_scheduler
 from lopt.torch.parts.spec import param_state
@@ -50,7 +49,7 @@ class CeloRule(Rule):
         shape = tuple(g.shape)
         gam = torch.tensor(lo.adafactor_decays, dtype=torch.float32).to(ctx.dtype)
         g2 = g * g + consts["g2_eps"]
-        axes = factored_axes(shape)
+        axes = lo.factored_axes(shape)
         if axes is not None:
             b, a = axes
             gam = gam.reshape((-1,) + (1,) * (len(shape) - 1))
