@@ -258,7 +258,7 @@ class Celo(LearnedOptimizer):
         """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
 
         Returns:
-          features `feature_names(K)`; constants `CONSTANTS`; state "momenta" [K, *s], "rms" [*s],
+          features `feature_names(K)`; constants `CONSTANTS`; state "momenta" `[K, *s]`, "rms" `[*s]`,
           "fac_row", "fac_col", "fac_full" (shapes of `init_factored`, JAX layout), the scheduler's
           (`learned_scheduler.state_fields`) and "iteration".
         """

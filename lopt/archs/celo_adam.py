@@ -103,7 +103,7 @@ class CeloAdam(LearnedOptimizer):
 
         Returns:
           no features (no per-parameter network); constants "grad_clip" and "sqrt_eps"; state "mu",
-          "nu" [*s], the scheduler's (`learned_scheduler.state_fields`) and "iteration".
+          "nu" `[*s]`, the scheduler's (`learned_scheduler.state_fields`) and "iteration".
         """
         state = (StateField("mu", PARAM, doc="Adam's first moment m"),
                  StateField("nu", PARAM, doc="Adam's second moment v"))
