@@ -6,8 +6,10 @@ One concept per module:
   (`make_task_trainer`), the task draws, `run_settings` and `run_fixed`;
 - `tuning`: the baselines (Adam, AdamW, Muon, SGD with momentum), their learning-rate grids and the
   tuning rule (`best_runs`, `tune_learning_rate`);
-- `scores`: an optimizer's runs scored against a tuned baseline's on one task (`compare_runs`,
-  VeLOdrome, `collapsed`, `stability`);
+- `scores`: an optimizer's runs scored against a tuned baseline's on one task (`compare_runs`: test
+  loss first, VeLOdrome on held-out loss, `collapsed`, `stability`);
+- `wall_clock`: time to reach tuned AdamW's final validation loss in seconds (`step_seconds`,
+  `time_to_target`);
 - `aggregate`: across tasks: `iqm`, its stratified-bootstrap interval (`iqm_interval`), `summarize`,
   `performance_profile`;
 - `protocol`: the evaluation protocol's statement, re-exporting the functions of the three above;
@@ -30,40 +32,43 @@ from outer_trainers.evaluation.comparison import compare_optimizers, format_comp
 from outer_trainers.evaluation.curves import plot_curves, plot_performance_profile, save_curves
 from outer_trainers.evaluation.optimizer_specs import optimizer_labels, resolve_optimizer, run_learned
 from outer_trainers.evaluation.report import (comparison_tables, format_number, json_safe, lr_label, markdown_table,
-                                              profile_table, results_json, results_markdown, write_csv, write_json,
-                                              write_text)
+                                              profile_table, results_json, results_markdown, time_to_target_table,
+                                              write_csv, write_json, write_text)
 from outer_trainers.evaluation.scores import (collapsed, compare_runs, diverged, final_loss, first_reach,
                                               held_out_exploded, loss_ratio, smoothed, stability, steps_to_reach,
-                                              trivial_loss_of)
+                                              trivial_loss_of, valid_steps_to_reach)
 from outer_trainers.evaluation.stress_test import STRESS_FILES, stress_test
 from outer_trainers.evaluation.suite_runs import (DEFAULT_BASELINES, RESULT_FILES, BaselineTuning, evaluate,
-                                                  run_task, runs_in_sequence, trivial_losses)
+                                                  run_task, runs_in_sequence, target_times, trivial_losses)
 from outer_trainers.evaluation.task_plan import PlannedTask, check_arguments, plan_tasks
-from outer_trainers.evaluation.task_trainer import (make_task_trainer, run_fixed, run_settings, sample_cfgs,
-                                                    task_draws)
+from outer_trainers.evaluation.task_trainer import (VALID_SPLIT, make_task_trainer, run_fixed, run_settings,
+                                                    sample_cfgs, task_draws, valid_schedule)
 from outer_trainers.evaluation.tuning import (baseline, baseline_names, best_runs, check_learning_rates, default_lrs,
                                               grid_edge, lr_grid, muon_dimension_numbers, tune_learning_rate)
+from outer_trainers.evaluation.wall_clock import step_seconds, time_to_target
 
 __all__ = [
     # task_trainer
-    "make_task_trainer", "sample_cfgs", "task_draws", "run_settings", "run_fixed",
+    "make_task_trainer", "sample_cfgs", "task_draws", "run_settings", "run_fixed", "VALID_SPLIT", "valid_schedule",
     # tuning
     "baseline", "baseline_names", "default_lrs", "check_learning_rates", "lr_grid", "best_runs", "grid_edge",
     "tune_learning_rate", "muon_dimension_numbers",
     # scores
     "final_loss", "smoothed", "loss_ratio", "first_reach", "steps_to_reach", "diverged", "trivial_loss_of",
-    "collapsed", "held_out_exploded", "stability", "compare_runs",
+    "collapsed", "held_out_exploded", "stability", "compare_runs", "valid_steps_to_reach",
+    # wall_clock
+    "step_seconds", "time_to_target",
     # aggregate
     "iqm", "iqm_interval", "summarize", "performance_profile",
     # the protocol's module, comparison
     "protocol", "compare_optimizers", "format_comparison",
     # evaluating optimizers on suites
     "resolve_optimizer", "optimizer_labels", "run_learned", "PlannedTask", "check_arguments", "plan_tasks",
-    "run_task", "runs_in_sequence", "trivial_losses", "evaluate", "BaselineTuning", "RESULT_FILES", "DEFAULT_BASELINES",
+    "run_task", "runs_in_sequence", "trivial_losses", "target_times", "evaluate", "BaselineTuning", "RESULT_FILES", "DEFAULT_BASELINES",
     "stress_test",
     "STRESS_FILES",
     # reports
     "format_number", "lr_label", "markdown_table", "comparison_tables", "results_markdown", "json_safe",
-    "profile_table", "results_json", "write_json", "write_text", "write_csv", "plot_curves", "save_curves",
+    "profile_table", "time_to_target_table", "results_json", "write_json", "write_text", "write_csv", "plot_curves", "save_curves",
     "plot_performance_profile",
 ]

@@ -19,9 +19,10 @@ resample. With 2-3 seeds per task an interval says how much the seeds that happe
 move the IQM; it is no substitute for more seeds. A percentile interval need not contain the point
 estimate when the scores are very skewed.
 
-**Performance profile** (Dolan and Moré 2002; `performance_profile`). On each task, every optimizer
-and tuned baseline (at its best rate) has a final train loss f (median over seeds; inf when it
-diverged); r = f / min over optimizers of f (`scores.loss_ratio`: 1 for the best). An optimizer's
+**Performance profile** (Dolan and Moré 2002, as AlgoPerf uses them; `performance_profile`). On each
+task, every optimizer and tuned baseline (at its validation-selected rate) has a test loss e after
+training (median over seeds; inf when it diverged); r = e / min over optimizers of e
+(`scores.loss_ratio`: 1 for the best). `by="train"` profiles the final train loss instead. An optimizer's
 profile rho(tau) is the fraction of tasks with r <= tau: rho(1) is the fraction it wins (ties count
 for all), and the curve that rises fastest is the most often near the best.
 """
@@ -35,7 +36,7 @@ from typing import Optional, Sequence
 import numpy as np
 from scipy import stats
 
-from outer_trainers.evaluation.scores import final_loss, first_reach, loss_ratio, smoothed
+from outer_trainers.evaluation.scores import diverged, final_loss, first_reach, loss_ratio, smoothed
 from outer_trainers.evaluation.tuning import best_runs
 
 METRICS = ("ratio_train", "ratio_eval", "speedup", "velodrome_ratio")  # the scores with an IQM and interval
@@ -149,6 +150,7 @@ def pair_strata(run: dict, base: dict, comparison: dict) -> dict:
     f = np.stack([final_loss(run["losses"]), final_loss(base["losses"])], axis=-1)        # [S, 2]
     e = np.stack([np.asarray(run["evals"], np.float64), np.asarray(base["evals"], np.float64)], axis=-1)
     curves = np.concatenate([smoothed(run["losses"]), smoothed(base["losses"])], axis=-1)  # [S, 2T]
+    held_out = comparison.get("velodrome_on") == "validation"
     curves[np.isnan(curves)] = np.inf  # the first w - 1 steps: never reached either way, and a fast `_median`
 
     def ratio(x):
@@ -175,8 +177,19 @@ def pair_strata(run: dict, base: dict, comparison: dict) -> dict:
         return first_reach(curve(x, 1), finals(x)[:, 0]) / t   # B reaches f_L
 
     both = np.concatenate([f, curves], axis=-1)
-    return {"ratio_train": (f, ratio), "ratio_eval": (e, ratio), "speedup": (both, speedup),
-            "velodrome_ratio": (both, velodrome)}
+    out = {"ratio_train": (f, ratio), "ratio_eval": (e, ratio), "speedup": (both, speedup),
+           "velodrome_ratio": (both, velodrome)}
+    if held_out:  # B's validation curve reaches L's final validation loss (scores' module docstring)
+        steps = np.append(np.asarray(base["valid_steps"], np.float64), np.inf)
+        v = np.concatenate([np.asarray(run["valids"], np.float64)[:, None],
+                            np.asarray(base["valid_curve"], np.float64)], axis=-1)       # [S, 1 + K]
+
+        def held_out_velodrome(x):
+            k = first_reach(_median(x[..., 1:]), _median(x[..., :1])[:, 0])           # 1-based, inf: never
+            return steps[np.where(np.isfinite(k), k - 1, len(steps) - 1).astype(int)] / t
+
+        out["velodrome_ratio"] = (v, held_out_velodrome)
+    return out
 
 
 def summarize(comparisons: dict, runs: Optional[dict] = None, *, confidence_level: float = CONFIDENCE,
@@ -214,21 +227,24 @@ def summarize(comparisons: dict, runs: Optional[dict] = None, *, confidence_leve
     return out
 
 
-def performance_profile(results: dict) -> dict:
-    """Every optimizer's final-train-loss ratio to the best optimizer on each task (module docstring).
+def performance_profile(results: dict, by: str = "test") -> dict:
+    """Every optimizer's test-loss (or final-train-loss) ratio to the best optimizer on each task (module docstring).
 
     Args:
       results: `{task name: its run dicts}`; each optimizer is taken at its best setting (`best_runs`).
+      by: "test" (the loss on the eval split after training, "evals") or "train" (`final_loss`).
 
     Returns:
       `{"tasks": [names], "ratios": {optimizer: [r per task]} (inf: diverged), "taus": [the distinct
       finite ratios, ascending], "fractions": {optimizer: [rho(tau) for each tau]}}`.
     """
+    if by not in ("test", "train"):
+        raise ValueError(f"performance_profile: by must be 'test' or 'train', got {by!r}")
     tasks, losses = list(results), {}
     for i, runs in enumerate(results.values()):
         for name, r in best_runs(runs).items():
-            finals = final_loss(r["losses"])
-            bad = r.get("diverged") or not np.all(np.isfinite(r["losses"])) or not np.all(np.isfinite(r["evals"]))
+            finals = np.asarray(r["evals"], np.float64) if by == "test" else final_loss(r["losses"])
+            bad = r.get("diverged") or diverged(r)
             losses.setdefault(name, [math.inf] * len(tasks))[i] = math.inf if bad else float(np.median(finals))
     table = np.array(list(losses.values()), np.float64).reshape(len(losses), len(tasks))  # [optimizers, tasks]
     best = np.min(table, axis=0) if len(losses) else np.zeros(len(tasks))

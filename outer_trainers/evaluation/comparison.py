@@ -30,7 +30,8 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
 
     `outer_trainers.evaluation.protocol`'s rules with the `num_tasks` draws as the seeds: both train the same
     draws and initialisations; Adam runs every rate of its grid on every draw (one program), the
-    best rate is `best_runs`'s (lowest median final train loss over draws, a diverged draw loses),
+    best rate is `best_runs`'s (lowest median over draws of the final validation loss, on the
+    draws' "inner_valid" split; a diverged draw loses),
     and the grid is extended past an edge holding the best rate. A grid of fewer than
     `min_grid_points` rates is first replaced by that many log-spaced rates spanning it (a decade
     either side of a single rate).
@@ -49,8 +50,9 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
 
     Returns:
       `{name: {"final_train": mean over tasks of the final train loss, "final_train_median": its
-      median over tasks (the statistic `best_runs` ranks by), "eval": mean eval loss, "curve": mean
-      train loss per step (num_steps floats)}}` for "learned" and each "adam(lr=...)" in ascending
+      median over tasks, "valid_median": the median over tasks of the final validation loss (the
+      statistic `best_runs` ranks by), "eval": mean eval loss, "curve": mean train loss per step
+      (num_steps floats)}}` for "learned" and each "adam(lr=...)" in ascending
       rate, plus "best_adam": the name of the best Adam entry, or None when every learning rate
       diverged, and "protocol": {"grid_edge": `protocol.grid_edge` of Adam's runs, "compare":
       `protocol.compare_runs(learned, best Adam)` (time to reach, speedup, ratios) or None}.
@@ -74,7 +76,8 @@ def compare_optimizers(family: TaskFamily, learned_tx: MakeTx, theta: Any, *, nu
     for r in [learned] + adam:
         finals = final_loss(r["losses"])
         results[label(r)] = {"final_train": float(np.mean(finals)), "final_train_median": float(np.median(finals)),
-                             "eval": float(np.mean(r["evals"])), "curve": r["losses"].mean(0).tolist()}
+                             "valid_median": float(np.median(r["valids"])), "eval": float(np.mean(r["evals"])),
+                             "curve": r["losses"].mean(0).tolist()}
     best_adam = best_runs(adam)["adam"]
     results["best_adam"] = None if best_adam.get("diverged") else label(best_adam)
     results["protocol"] = {"grid_edge": grid_edge(adam, "adam"),
@@ -90,19 +93,22 @@ def format_comparison(results: dict, num_steps: int) -> str:
       num_steps: the inner steps of the runs (shown in the header).
 
     Returns:
-      the table: one row per optimizer with its final train loss (median over tasks, which picks
-      the best Adam, and mean) and mean eval loss, to 3 significant digits; below it, when Adam has a best rate, when the
+      the table: one row per optimizer with its final train loss (median over tasks, and mean), its
+      median final validation loss (which picks the best Adam) and mean eval loss, to 3 significant
+      digits; below it, when Adam has a best rate, when the
       learned optimizer reaches that Adam's final train loss and the speedup
       (`outer_trainers.evaluation.protocol`), whether the best rate is still on the grid's edge, and a note
       when every Adam learning rate diverged (no best Adam).
     """
-    lines = [f"| optimizer ({num_steps} inner steps) | final train loss, median | mean | eval loss, mean |",
-             "|---|---|---|---|"]
+    lines = [f"| optimizer ({num_steps} inner steps) | final train loss, median | mean | validation loss, median | "
+             f"eval loss, mean |", "|---|---|---|---|---|"]
     for name, r in results.items():
         if name in ("best_adam", "protocol"):
             continue
         mark = " (best Adam)" if name == results["best_adam"] else ""
-        lines.append(f"| {name}{mark} | {r['final_train_median']:.3g} | {r['final_train']:.3g} | {r['eval']:.3g} |")
+        valid = f"{r['valid_median']:.3g}" if "valid_median" in r else "—"
+        lines.append(f"| {name}{mark} | {r['final_train_median']:.3g} | {r['final_train']:.3g} | {valid} | "
+                     f"{r['eval']:.3g} |")
     proto = results.get("protocol") or {}
     compare = proto.get("compare")
     if results["best_adam"] is None:

@@ -1,7 +1,7 @@
 """The plots of an evaluation: the training curves (curves.png, curves.npz) and the performance profile.
 
     plot_curves("curves.png", results)   # per task, each optimizer and tuned baseline at its best rate
-    save_curves("curves.npz", results)   # every run's [seeds, steps] train losses
+    save_curves("curves.npz", results)   # every run's [seeds, steps] train losses and validation curve
     plot_performance_profile("performance_profile.png", aggregate.performance_profile(results))
 
 `results` is `{task name: its run dicts}` (`suite_runs.run_task`). matplotlib is imported only
@@ -59,8 +59,8 @@ def plot_curves(path: str, results: dict) -> None:
 
 
 def plot_performance_profile(path: str, profile: dict) -> None:
-    """Plots each optimizer's performance profile: the fraction of tasks rho(tau) on which its final
-    train loss is within a factor tau of the best optimizer's (`aggregate.performance_profile`).
+    """Plots each optimizer's performance profile: the fraction of tasks rho(tau) on which its test
+    loss is within a factor tau of the best optimizer's (`aggregate.performance_profile`).
 
     A step curve per optimizer over tau from 1 to past the largest finite ratio (log axis); a
     diverged task never counts, so a curve may stay below 1.
@@ -81,7 +81,7 @@ def plot_performance_profile(path: str, profile: dict) -> None:
     ax.set_xscale("log")
     ax.set_xlim(1.0, top)
     ax.set_ylim(-0.02, 1.02)
-    ax.set_xlabel("tau: final train loss / the best optimizer's on the task")
+    ax.set_xlabel("tau: test loss / the best optimizer's on the task")
     ax.set_ylabel(f"fraction of the {len(profile['tasks'])} tasks with ratio <= tau")
     ax.set_title("performance profile")
     ax.legend(fontsize="small")
@@ -91,13 +91,21 @@ def plot_performance_profile(path: str, profile: dict) -> None:
 
 
 def save_curves(path: str, results: dict) -> None:
-    """Saves every run's train losses to an .npz file.
+    """Saves every run's train losses and validation curve to an .npz file.
 
     Args:
       path: the .npz file to write.
       results: `{task name: run_task's runs}`; each run is stored under
         "TASK/OPTIMIZER/LEARNING_RATE" (the rate formatted with 6 significant digits, "nan" for a
-        learned optimizer) as its [seeds, steps] losses.
+        learned optimizer) as its [seeds, steps] losses, and, when measured, under
+        "valid/TASK/OPTIMIZER/LEARNING_RATE" its [seeds, K] validation curve and
+        "valid_steps/TASK/OPTIMIZER/LEARNING_RATE" the K steps it was measured after.
     """
-    np.savez(path, **{f"{t}/{r['optimizer']}/{r['learning_rate']:.6g}": r["losses"] for t, runs in results.items()
-                      for r in runs})
+    arrays = {}
+    for t, runs in results.items():
+        for r in runs:
+            name = f"{t}/{r['optimizer']}/{r['learning_rate']:.6g}"
+            arrays[name] = r["losses"]
+            if "valid_curve" in r:
+                arrays[f"valid/{name}"], arrays[f"valid_steps/{name}"] = r["valid_curve"], r["valid_steps"]
+    np.savez(path, **arrays)

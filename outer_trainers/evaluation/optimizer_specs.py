@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from outer_trainers.evaluation.task_trainer import run_fixed
+from outer_trainers.evaluation.task_trainer import VALID_SPLIT, run_fixed
 from outer_trainers.evaluation.tuning import baseline_names
 from outer_trainers.runs import theta_from_file
 from tasks.base import TaskFamily
@@ -110,8 +110,25 @@ def optimizer_labels(specs: Sequence[str]) -> list[str]:
     return labels
 
 
+def learned_tx(opt: dict, num_steps: int) -> tuple[Any, Any]:
+    """A learned optimizer's `(make_tx, tx_args)`, told `num_steps` (see `run_learned`).
+
+    Args:
+      opt: a `resolve_optimizer` result of kind "theta", "pretrained" or "published".
+      num_steps: the horizon it is told.
+
+    Returns:
+      (tx_args -> optax transform, tx_args): theta for a theta file, a placeholder otherwise.
+    """
+    if opt["kind"] == "theta":
+        lo = opt["learned_opt"]
+        return (lambda th: lo.opt_fn(th, num_steps=num_steps)), opt["theta"]
+    load = opt["module"].load
+    return (lambda _: load(opt["name"], num_steps=num_steps)), jnp.zeros(())
+
+
 def run_learned(opt: dict, family: TaskFamily, num_steps: int, cfgs: Any, run_keys: jax.Array, *,
-                eval_split: str, sequential: bool) -> dict:
+                eval_split: str, sequential: bool, valid_split: str = VALID_SPLIT, valid_points: int = 1) -> dict:
     """Trains every seed with a learned optimizer (a theta file, a pretrained or a published one), told `num_steps`.
 
     The optimizer is `learned_opt.opt_fn(theta, num_steps=num_steps)` for a theta file and
@@ -124,17 +141,14 @@ def run_learned(opt: dict, family: TaskFamily, num_steps: int, cfgs: Any, run_ke
       num_steps: training steps per run, also the optimizer's horizon.
       cfgs: S task cfgs.
       run_keys: S run keys.
-      eval_split: the data split of the held-out loss after training.
+      eval_split: the data split of the test loss after training.
       sequential: run the seeds one after another in the program.
+      valid_split: the validation split.
+      valid_points: validation measurements per run.
 
     Returns:
       `run_fixed`'s run dict, named `opt["label"]`.
     """
-    common = dict(eval_split=eval_split, sequential=sequential)
-    if opt["kind"] == "theta":
-        lo = opt["learned_opt"]
-        return run_fixed(family, opt["label"], lambda th: lo.opt_fn(th, num_steps=num_steps), opt["theta"],
-                         cfgs, run_keys, num_steps, **common)
-    load = opt["module"].load
-    return run_fixed(family, opt["label"], lambda _: load(opt["name"], num_steps=num_steps),
-                     jnp.zeros(()), cfgs, run_keys, num_steps, **common)
+    make_tx, tx_args = learned_tx(opt, num_steps)
+    return run_fixed(family, opt["label"], make_tx, tx_args, cfgs, run_keys, num_steps, eval_split=eval_split,
+                     sequential=sequential, valid_split=valid_split, valid_points=valid_points)

@@ -6,9 +6,10 @@
 
 `results` is `{task name: its run dicts}` (`suite_runs.run_task`), `comparisons` is `{"OPT vs
 BASELINE": {task: scores.compare_runs(...)}}` and `summary` is `{pair: aggregate.summarize(...)}`
-(IQMs with their 95% intervals, shown "iqm [low, high]"). A VeLOdrome ratio that is inf is shown
-"> budget": the baseline did not reach the optimizer's final loss within the task's budget.
-A baseline is shown at its best learning rate (`tuning.best_runs`), marked when every rate
+(IQMs with their 95% intervals, shown "iqm [low, high]"). The headline is the test loss at the
+end of training; the train loss comes second. A VeLOdrome ratio that is inf is shown "> budget":
+the baseline did not reach the optimizer's final validation loss within the task's budget.
+A baseline is shown at its best learning rate on validation loss (`tuning.best_runs`), marked when every rate
 diverged or when the best rate is still on the grid's edge; a diverged run is written as
 "diverged" (Markdown) or null next to its flag (JSON), never as a number.
 """
@@ -63,6 +64,11 @@ def lr_label(run: dict, edge: Optional[str] = None) -> str:
     return lr + (f" ({edge} edge)" if edge and not np.isnan(run["learning_rate"]) else "")
 
 
+def _median_text(run: dict, key: str) -> str:
+    """The median over seeds of `run[key]` to 4 significant digits, "—" when the run has no such entry."""
+    return f"{np.median(run[key]):.4g}" if key in run else "—"
+
+
 def markdown_table(results: dict, num_steps: Any) -> str:
     """A Markdown table of each task's optimizers and best-tuned baselines (`best_runs`).
 
@@ -71,21 +77,24 @@ def markdown_table(results: dict, num_steps: Any) -> str:
       num_steps: the steps of the runs: an int, or {task name: steps}.
 
     Returns:
-      a caption and the table: per task and optimizer, the best lr (`lr_label`) and the final
-      train loss (median [min, max] over seeds) and median eval loss.
+      a caption and the table: per task and optimizer, the best lr on validation loss (`lr_label`),
+      the median test loss, test accuracy ("—": not a classifier) and validation loss, and the
+      final train loss (median [min, max] over seeds).
     """
     steps = num_steps if isinstance(num_steps, dict) else {t: num_steps for t in results}
-    lines = ["| task | steps | optimizer | best lr | final train loss, median [min, max] over seeds | "
-             "eval loss (median) |", "|---|---|---|---|---|---|"]
+    lines = ["| task | steps | optimizer | best lr (on validation loss) | test loss | test accuracy | validation loss | "
+             "final train loss, median [min, max] over seeds |", "|---|---|---|---|---|---|---|---|"]
     for task, runs in results.items():
         for name, r in best_runs(runs).items():
             fin = final_loss(r["losses"])
             edge = grid_edge(runs, name) if len([x for x in runs if x["optimizer"] == name]) > 1 else None
-            lines.append(f"| {task} | {steps[task]} | {name} | {lr_label(r, edge)} | {np.median(fin):.4g} "
-                         f"[{np.min(fin):.4g}, {np.max(fin):.4g}] | {np.median(r['evals']):.4g} |")
+            lines.append(f"| {task} | {steps[task]} | {name} | {lr_label(r, edge)} | {_median_text(r, 'evals')} | "
+                         f"{_median_text(r, 'accuracy')} | {_median_text(r, 'valids')} | {np.median(fin):.4g} "
+                         f"[{np.min(fin):.4g}, {np.max(fin):.4g}] |")
     caption = (f"Final losses after {num_steps} steps" if not isinstance(num_steps, dict) else
                "Final losses after each task's step budget")
-    return f"{caption}; baselines at their best learning rate.\n\n" + "\n".join(lines)
+    return f"{caption} (medians over seeds); baselines at the learning rate of lowest validation loss.\n\n" + \
+        "\n".join(lines)
 
 
 def _with_interval(s: dict, metric: str, key: str, fmt=None) -> str:
@@ -103,63 +112,96 @@ def budget_ratio(x: Optional[float]) -> str:
 
 
 def comparison_tables(comparisons: dict, summary: dict) -> str:
-    """The summary table (one row per optimizer-vs-baseline pair) and a per-task table per pair.
+    """The headline summary (test loss), the train-loss summary and a per-task table per pair.
 
     Args:
       comparisons: `{pair: {task: compare_runs(...)}}`, pair = "OPT vs BASELINE".
       summary: `{pair: aggregate.summarize(...)}`.
 
     Returns:
-      Markdown: wins per metric, IQMs of the loss ratios, speedups and VeLOdrome ratios with their
-      95% stratified-bootstrap intervals, diverged, collapsed and held-out-exploded tasks; then, per
-      pair, each task's final train and held-out losses, ratios, the step at which the optimizer
-      reaches the baseline's final train loss, the speedup, and the steps the baseline needs to
-      reach the optimizer's final train loss (VeLOdrome; "> budget" when it does not within the
-      budget) ("diverged" for a diverged run, "(collapsed)" after a collapsed one's loss,
-      "(exploded)" after an exploded held-out loss).
+      Markdown: per pair, wins on test loss, the IQM of the test-loss ratio and of the held-out
+      VeLOdrome ratio with their 95% stratified-bootstrap intervals, the diverged, collapsed and
+      held-out-exploded tasks; then the secondary table on train loss (wins, IQM train-loss ratio,
+      wins on time to reach, IQM speedup); then, per pair, each task's test, validation and train
+      losses, test accuracy, ratios, the step at which the baseline's validation curve reaches the
+      optimizer's final validation loss (VeLOdrome; "> budget" when it does not within the budget),
+      the step at which the optimizer reaches the baseline's final train loss and the speedup
+      ("diverged" for a diverged run, "(collapsed)" after a collapsed one's train loss,
+      "(exploded)" after an exploded test loss).
     """
     num = format_number
-    lines = ["| optimizer vs tuned baseline | tasks | wins: final train loss | wins: held-out loss | "
-             "wins: time to reach | IQM train-loss ratio [95% CI] | IQM held-out-loss ratio [95% CI] | "
-             "IQM speedup [95% CI] | IQM VeLOdrome steps / budget [95% CI] | diverged on | collapsed on | "
-             "held-out exploded on |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["**Test loss at the end of training** (baselines tuned on validation loss)", "",
+             "| optimizer vs tuned baseline | tasks | wins: test loss | IQM test-loss ratio [95% CI] | "
+             "IQM VeLOdrome on validation loss, steps / budget [95% CI] | diverged on | collapsed on | "
+             "held-out exploded on |", "|---|---|---|---|---|---|---|---|"]
     for pair, s in summary.items():
         n = s["num_tasks"]
-        lines.append(f"| {pair} | {n} | {s['wins_train']}/{n} | {s['wins_eval']}/{n} | {s['wins_speed']}/{n} | "
-                     f"{_with_interval(s, 'ratio_train', 'iqm_ratio_train')} | "
-                     f"{_with_interval(s, 'ratio_eval', 'iqm_ratio_eval')} | "
-                     f"{_with_interval(s, 'speedup', 'iqm_speedup')} | "
+        lines.append(f"| {pair} | {n} | {s['wins_eval']}/{n} | {_with_interval(s, 'ratio_eval', 'iqm_ratio_eval')} | "
                      f"{_with_interval(s, 'velodrome_ratio', 'iqm_velodrome', budget_ratio)} | "
                      f"{', '.join(s['diverged']) or 'none'} | {', '.join(s.get('collapsed', [])) or 'none'} | "
                      f"{', '.join(s.get('eval_exploded', [])) or 'none'} |")
+    lines += ["", "**Train loss** (secondary: the loss being minimised)", "",
+              "| optimizer vs tuned baseline | wins: final train loss | IQM train-loss ratio [95% CI] | "
+              "wins: time to reach | IQM speedup [95% CI] |", "|---|---|---|---|---|"]
+    for pair, s in summary.items():
+        n = s["num_tasks"]
+        lines.append(f"| {pair} | {s['wins_train']}/{n} | {_with_interval(s, 'ratio_train', 'iqm_ratio_train')} | "
+                     f"{s['wins_speed']}/{n} | {_with_interval(s, 'speedup', 'iqm_speedup')} |")
     for pair, per_task in comparisons.items():
         opt, base = pair.split(" vs ")
         lines += ["", f"**{pair}** (medians over seeds; ratio < 1, speedup > 1 and VeLOdrome > 1 favour {opt})",
-                  "", f"| task | {opt} final train | {base} final train | ratio | {opt} held-out | {base} held-out | "
-                  f"ratio | reaches {base}'s final train loss at step | speedup | {base} reaches {opt}'s final "
-                  f"train loss at step | VeLOdrome (that / budget) |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "", f"| task | {opt} test | {base} test | ratio | {opt} validation | {base} validation | "
+                  f"{opt} test accuracy | {base} test accuracy | {base} reaches {opt}'s final validation loss at step | "
+                  f"VeLOdrome (that / budget) | {opt} final train | {base} final train | ratio | reaches {base}'s "
+                  f"final train loss at step | speedup |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for task, c in per_task.items():
+            acc = f"{num(c.get('accuracy'))} | {num(c.get('baseline_accuracy'))}"
             if c["diverged"]:
-                lines.append(f"| {task} | diverged | {num(c['baseline_final_train'], '.4g')} | — | diverged | "
-                             f"{num(c['baseline_eval'], '.4g')} | — | — | — | — | — |")
+                lines.append(f"| {task} | diverged | {num(c['baseline_eval'], '.4g')} | — | diverged | "
+                             f"{num(c.get('baseline_valid'), '.4g')} | {acc} | — | — | diverged | "
+                             f"{num(c['baseline_final_train'], '.4g')} | — | — | — |")
                 continue
             reach = num(c["steps_to_reach"], "d") if c["steps_to_reach"] is not None else "never"
             velo = num(c["velodrome_steps"], "d") if c["velodrome_steps"] is not None else (
                 "—" if c["baseline_diverged"] else "never")
             final = num(c["final_train"], ".4g") + (" (collapsed)" if c.get("collapsed") else "")
-            base_final = "every lr diverged" if c["baseline_diverged"] else num(c["baseline_final_train"], ".4g")
+            gone = "every lr diverged"
+            base_final = gone if c["baseline_diverged"] else num(c["baseline_final_train"], ".4g")
+            base_test = gone if c["baseline_diverged"] else num(c["baseline_eval"], ".4g")
             held_out = num(c["eval"], ".4g") + (" (exploded)" if c.get("eval_exploded") else "")
-            lines.append(f"| {task} | {final} | {base_final} | {num(c['ratio_train'])} | "
-                         f"{held_out} | {num(c['baseline_eval'], '.4g')} | {num(c['ratio_eval'])} | "
-                         f"{reach} | {num(c['speedup'])} | {velo} | {budget_ratio(c['velodrome_ratio'])} |")
+            lines.append(f"| {task} | {held_out} | {base_test} | {num(c['ratio_eval'])} | {num(c.get('valid'), '.4g')} | "
+                         f"{num(c.get('baseline_valid'), '.4g')} | {acc} | {velo} | {budget_ratio(c['velodrome_ratio'])} | "
+                         f"{final} | {base_final} | {num(c['ratio_train'])} | {reach} | {num(c['speedup'])} |")
+    return "\n".join(lines)
+
+
+def time_to_target_table(times: dict) -> str:
+    """Each optimizer's time to reach tuned AdamW's final validation loss, in steps and wall-clock seconds.
+
+    Args:
+      times: `{task: suite_runs.target_times(runs)}`.
+
+    Returns:
+      Markdown, one row per task and optimizer ("never": its validation curve does not reach the
+      target within the budget; "—": no target or no measured step time).
+    """
+    lines = ["**Time to target** (the step at which the median validation curve first reaches tuned AdamW's "
+             "final validation loss, resolved to the curve's spacing, times the measured wall time of one "
+             "training step of the optimizer)", "",
+             "| task | target: AdamW's final validation loss | optimizer | reached at step | ms per step | seconds |",
+             "|---|---|---|---|---|---|"]
+    for task, t in times.items():
+        for name, x in t["optimizers"].items():
+            reached = "—" if t["target"] is None else (str(x["steps"]) if x["steps"] is not None else "never")
+            ms = format_number(None if x["step_seconds"] is None else 1e3 * x["step_seconds"])
+            lines.append(f"| {task} | {format_number(t['target'], '.4g')} | {name} | {reached} | {ms} | "
+                         f"{format_number(x['seconds'])} |")
     return "\n".join(lines)
 
 
 def profile_table(profile: dict, plotted: bool = False) -> str:
-    """The performance profile in a few numbers: per optimizer, the fraction of tasks whose final train
-    loss is within a factor tau of the best optimizer's, for tau = 1 (the tasks it is best on), 1.1, 2, 10.
+    """The performance profile in a few numbers: per optimizer, the fraction of tasks whose test loss
+    is within a factor tau of the best optimizer's, for tau = 1 (the tasks it is best on), 1.1, 2, 10.
 
     Args:
       profile: `aggregate.performance_profile(results)`.
@@ -170,7 +212,7 @@ def profile_table(profile: dict, plotted: bool = False) -> str:
     """
     taus = (1.0, 1.1, 2.0, 10.0)
     n = len(profile["tasks"])
-    lines = ["**Performance profile** (final train loss / the best optimizer's on each task; diverged: never "
+    lines = ["**Performance profile** (test loss / the best optimizer's on each task; diverged: never "
              "within tau)" + (": ![performance profile](performance_profile.png)" if plotted else ""), "",
              "| optimizer | " + " | ".join(f"tasks within {t:g}x of the best" for t in taus) + " |",
              "|---|" + "---|" * len(taus)]
@@ -181,9 +223,10 @@ def profile_table(profile: dict, plotted: bool = False) -> str:
 
 
 def results_markdown(title: str, comparisons: dict, summary: dict, results: dict, num_steps: dict, seconds: float,
-                     cpu_seconds: float, profile: Optional[dict] = None, plotted: bool = False) -> str:
+                     cpu_seconds: float, profile: Optional[dict] = None, plotted: bool = False,
+                     times: Optional[dict] = None) -> str:
     """results.md: the title, how the baselines were tuned, the cost, `comparison_tables`,
-    `profile_table` and `markdown_table`.
+    `profile_table`, `time_to_target_table` and `markdown_table`.
 
     Args:
       title: the heading, e.g. "learned vs tuned adam on suite smoke".
@@ -195,16 +238,19 @@ def results_markdown(title: str, comparisons: dict, summary: dict, results: dict
       cpu_seconds: its CPU time.
       profile: `aggregate.performance_profile(results)` (None: no profile section).
       plotted: whether performance_profile.png was written.
+      times: `{task: suite_runs.target_times(runs)}` (None: no time-to-target section).
 
     Returns:
       the Markdown text, ending with a newline.
     """
     prof = f"\n\n{profile_table(profile, plotted)}" if profile is not None else ""
+    ttt = f"\n\n{time_to_target_table(times)}" if times else ""
     return (f"# {title}\n\nEach baseline tuned per task over a log-spaced learning-rate grid (7 rates, extended "
-            f"past an edge holding the best rate); medians over seeds; held-out loss on each task's eval split; "
+            f"past an edge holding the best rate), its rate chosen on the final validation loss; scored on the "
+            f"test loss (each task's eval split) at the end of training, train loss second; medians over seeds; "
             f"IQMs across tasks with 95% stratified-bootstrap intervals (seeds resampled within each task); "
             f"{seconds / 60:.1f} min ({cpu_seconds / 60:.1f} CPU-min).\n\n{comparison_tables(comparisons, summary)}"
-            f"{prof}\n\n{markdown_table(results, num_steps)}\n")
+            f"{prof}{ttt}\n\n{markdown_table(results, num_steps)}\n")
 
 
 def json_safe(x: Any) -> Any:
@@ -263,7 +309,9 @@ def results_json(results: dict, info: dict, comparisons: dict, summary: dict, me
     Returns:
       `{**meta, "summary": summary, "tasks": {task: {**info, "optimizers": {name: {"learning_rates",
       "best_learning_rate" (None for a learned optimizer), "grid_edge", "every_rate_diverged",
-      "final_train" [per seed], "eval" [per seed], "initial_train" [per seed]}}, "comparisons":
+      "final_train" [per seed], "eval" (test loss) [per seed], "valid" [per seed], "accuracy" [per
+      seed] (None: not a classifier), "valid_steps" [K], "valid_curve" [per seed][K], "step_seconds",
+      "initial_train" [per seed]}}, "comparisons":
       {pair: ...}}}}`, strict-JSON safe (non-finite numbers as None).
     """
     tasks_out = {}
@@ -277,7 +325,9 @@ def results_json(results: dict, info: dict, comparisons: dict, summary: dict, me
                           "grid_edge": grid_edge(runs, name) if tuned else None,
                           "every_rate_diverged": bool(best.get("diverged", False)),
                           "final_train": final_loss(best["losses"]), "eval": best["evals"],
-                          "initial_train": best["losses"][:, 0]}
+                          "valid": best.get("valids"), "accuracy": best.get("accuracy"),
+                          "valid_steps": best.get("valid_steps"), "valid_curve": best.get("valid_curve"),
+                          "step_seconds": best.get("step_seconds"), "initial_train": best["losses"][:, 0]}
         tasks_out[task] = {**info[task], "optimizers": opts,
                            "comparisons": {pair: per[task] for pair, per in comparisons.items()}}
     return json_safe({**meta, "summary": summary, "tasks": tasks_out})
@@ -287,7 +337,7 @@ def write_csv(path: str, results: dict, info: dict) -> None:
     """Writes every run of every task, one row per seed, to a CSV file.
 
     Columns: task, optimizer, learning_rate (empty for a learned optimizer), seed,
-    final_train_loss (`final_loss`), eval_loss.
+    final_train_loss (`final_loss`), valid_loss, test_loss, test_accuracy (empty when not measured).
 
     Args:
       path: the CSV file to write.
@@ -296,10 +346,13 @@ def write_csv(path: str, results: dict, info: dict) -> None:
     """
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["task", "optimizer", "learning_rate", "seed", "final_train_loss", "eval_loss"])
+        w.writerow(["task", "optimizer", "learning_rate", "seed", "final_train_loss", "valid_loss", "test_loss",
+                    "test_accuracy"])
+        cell = lambda r, key, i: f"{r[key][i]:.6g}" if key in r else ""
         for task, runs in results.items():
             for r in runs:
                 lr = "" if np.isnan(r["learning_rate"]) else f"{r['learning_rate']:.6g}"
                 finals = final_loss(r["losses"])
                 for i, s in enumerate(info[task]["seeds"]):
-                    w.writerow([task, r["optimizer"], lr, s, f"{finals[i]:.6g}", f"{r['evals'][i]:.6g}"])
+                    w.writerow([task, r["optimizer"], lr, s, f"{finals[i]:.6g}", cell(r, "valids", i),
+                                cell(r, "evals", i), cell(r, "accuracy", i)])

@@ -1,21 +1,44 @@
 """How an optimizer's runs are scored against a tuned baseline's, per task and across tasks.
 
-Scores of an optimizer L against a tuned baseline B on one task of T steps (`compare_runs`),
-every statistic a median over seeds::
+Scores of an optimizer L against a tuned baseline B (its rate chosen on validation loss,
+`tuning.best_runs`) on one task of T steps (`compare_runs`), every statistic a median over seeds.
+The headline is the test loss at the end of training; the train loss is secondary::
 
+    test loss          e = mean loss over batches of the task's eval split ("test") after training
+    validation loss    v = the same on the validation split ("inner_valid"), measured in the same
+                       program (`task_trainer`); tuning reads it, scoring reports it
+    test accuracy      a = fraction of the eval split's batches classified right (image classifiers)
     final train loss   f = mean train loss over the last w = max(1, T // 10) steps (`final_loss`)
-    held-out loss      e = mean loss over batches of the task's eval split after training
-    ratios             f_L / f_B  and  e_L / e_B                  (< 1: L is better)
+    ratios             e_L / e_B (the headline), v_L / v_B and f_L / f_B    (< 1: L is better)
     smoothed curve     c(t) = mean of the train losses of steps t-w+1 .. t, for t >= w (1-based)
-    time to reach      t_L = the first step t with median_seeds c_L(t) <= f_B  (the baseline's final loss)
+    time to reach      t_L = the first step t with median_seeds c_L(t) <= f_B  (the baseline's final train loss)
     speedup            T / t_L  when L reaches f_B within T steps;  otherwise t_B / T, where t_B is the
                        first step at which the baseline's curve reaches f_L (so speedup < 1 means L is slower)
-    VeLOdrome          v_B = the first step t with median_seeds c_B(t) <= f_L: the steps the tuned baseline
-                       needs to match L's final train loss (None: not within T), and v_B / T (inf when not
-                       within T, "> budget"; > 1 can only be that).  Against tuned Adam it is the VeLOdrome
-                       metric of VeLO (Metz et al. 2022); the higher, the better for L
+    VeLOdrome          on held-out loss: v_B(t_k) the baseline's validation curve, measured after the
+                       steps t_1 < ... < t_K = T of its run's "valid_steps" (`task_trainer.valid_schedule`,
+                       20 evenly spaced points); steps = the first t_k with median_seeds v_B(t_k) <= v_L
+                       (the optimizer's final validation loss): the steps the tuned baseline needs to
+                       match L's held-out loss (None: not within T), and steps / T (inf when not within
+                       T, "> budget"; > 1 can only be that). Against tuned Adam it is VeLO's VeLOdrome
+                       metric (Metz et al. 2022) measured on held-out rather than train loss; the higher,
+                       the better for L. Runs without validation curves fall back to the smoothed train
+                       curves and f (`compare_runs`' "velodrome_on" says which)
     collapsed          f_L >= (1 - margin) * the task's trivial loss (`collapsed`)
     held-out exploded  on some seed, e_L > 10 * that seed's first train loss (`held_out_exploded`)
+
+**Time to target, in wall-clock** (`wall_clock`): the seconds each optimizer needs to reach tuned
+AdamW's final validation loss, its own optimizer step included::
+
+    target   = median_seeds v_AdamW(T)                     (AdamW at its validation-selected rate)
+    k*       = the first t_k with median_seeds v_L(t_k) <= target      (the sparse validation curve)
+    seconds  = k* x s_L,   s_L = the measured wall time of one training step of L on the task
+
+s_L is measured apart from the evaluation's batched runs (`wall_clock.step_seconds`): one run of the
+task (its first seed's draw) trains a few steps in a jitted scan, compiled and run once to warm up,
+then timed a few times; the fastest repeat over its steps is s_L. It holds the gradient, the
+optimizer's update and the parameter update of one unbatched run on the evaluating machine, and not
+the validation measurements. The step is resolved to the curve's spacing (T / 20): a reached
+target is an upper bound by at most T / 20 steps, the same for every optimizer.
 
 The curve is the same trailing mean that defines the final loss, so c_B(T) = f_B and a single lucky
 minibatch cannot "reach" a target. A run with a non-finite train or held-out loss on any seed is
@@ -144,15 +167,37 @@ def steps_to_reach(losses, target: float) -> Optional[int]:
 
 
 def diverged(run: dict) -> bool:
-    """Whether any seed of a run has a non-finite train or held-out loss.
+    """Whether any seed of a run has a non-finite train, test or validation loss.
 
     Args:
-      run: a run dict ("losses" [S, T], "evals" [S]).
+      run: a run dict ("losses" [S, T], "evals" [S], optionally "valids" [S]).
 
     Returns:
       True when the run diverged.
     """
-    return bool(not np.all(np.isfinite(run["losses"])) or not np.all(np.isfinite(run["evals"])))
+    held_out = [run["evals"]] + ([run["valids"]] if "valids" in run else [])
+    return bool(not np.all(np.isfinite(run["losses"])) or not all(np.all(np.isfinite(h)) for h in held_out))
+
+
+def valid_steps_to_reach(run: dict, target: float) -> Optional[int]:
+    """The first step of a run's validation curve at which its median over seeds is <= `target`.
+
+    t = min { t_k : median_seeds v(t_k) <= target } over the run's "valid_steps" t_1 < ... < t_K.
+
+    Args:
+      run: a run dict with "valid_curve" [S, K] and "valid_steps" [K].
+      target: the validation loss to reach.
+
+    Returns:
+      the step t_k, or None when no point of the curve reaches it.
+    """
+    k = float(first_reach(np.median(np.asarray(run["valid_curve"], np.float64), axis=0), target))
+    return int(np.asarray(run["valid_steps"])[int(k) - 1]) if math.isfinite(k) else None
+
+
+def _median_or_none(run: dict, key: str) -> Optional[float]:
+    """The median over seeds of `run[key]`, or None when the run has no such entry."""
+    return float(np.median(np.asarray(run[key], np.float64))) if key in run else None
 
 
 def held_out_exploded(run: dict, factor: float = EXPLODE_FACTOR) -> np.ndarray:
@@ -272,13 +317,17 @@ def compare_runs(run: dict, base: dict, trivial_loss=None, margin: float = COLLA
     """Scores an optimizer's run against a tuned baseline's best run on one task (module docstring).
 
     Args:
-      run: the optimizer's run: "losses" [S, T], "evals" [S].
+      run: the optimizer's run: "losses" [S, T], "evals" [S] (test losses) and, as `task_trainer`
+        measures them, "valids" [S], "valid_curve" [S, K], "valid_steps" [K], "accuracy" [S].
       base: the baseline's best run (`best_runs`; "diverged": True when every rate diverged), same seeds.
       trivial_loss: the task's trivial loss (None: unknown; a number or [S]), for "collapsed".
       margin: `collapsed`'s margin.
 
     Returns:
-      `{"final_train", "baseline_final_train", "ratio_train", "eval", "baseline_eval", "ratio_eval",
+      `{"eval", "baseline_eval", "ratio_eval" (the test loss: the headline), "valid",
+      "baseline_valid", "ratio_valid" (validation; None without "valids"), "accuracy",
+      "baseline_accuracy" (test accuracy; None when not measured), "velodrome_on" ("validation",
+      or "train" for runs without validation curves), "final_train", "baseline_final_train", "ratio_train",
       "initial_train", "below_initial", "steps_to_reach" (None: never), "baseline_steps_to_reach"
       (of the optimizer's final loss; None unless needed), "speedup", "velodrome_steps" (None: not
       within the budget), "velodrome_ratio" (inf: not within the budget), "trivial_loss" (None:
@@ -291,7 +340,12 @@ def compare_runs(run: dict, base: dict, trivial_loss=None, margin: float = COLLA
     initial = float(np.median(run["losses"][:, 0]))
     trivial = _per_seed(trivial_loss, run["losses"].shape[0])
     trivial = float(np.median(trivial)) if np.all(np.isfinite(trivial)) else None
+    held_out = all(k in r for r in (run, base) for k in ("valids", "valid_curve", "valid_steps"))
+    v_l, v_b = _median_or_none(run, "valids"), _median_or_none(base, "valids")
     out = {"final_train": f_l, "baseline_final_train": f_b, "eval": e_l, "baseline_eval": e_b,
+           "valid": v_l, "baseline_valid": v_b, "ratio_valid": None,
+           "accuracy": _median_or_none(run, "accuracy"), "baseline_accuracy": _median_or_none(base, "accuracy"),
+           "velodrome_on": "validation" if held_out else "train",
            "initial_train": initial, "below_initial": bool(np.isfinite(f_l) and f_l < initial),
            "steps_to_reach": None, "baseline_steps_to_reach": None, "velodrome_steps": None,
            "trivial_loss": trivial, "collapsed": bool(collapsed(f_l, initial, trivial, margin)),
@@ -299,17 +353,21 @@ def compare_runs(run: dict, base: dict, trivial_loss=None, margin: float = COLLA
            "diverged": diverged(run), "baseline_diverged": bool(base.get("diverged", False) or diverged(base))}
     if out["diverged"]:
         out.update(ratio_train=math.inf, ratio_eval=math.inf, speedup=0.0, velodrome_ratio=0.0)
+        out["ratio_valid"] = None if v_l is None else math.inf
     elif out["baseline_diverged"]:
         out.update(ratio_train=0.0, ratio_eval=0.0, speedup=math.inf, velodrome_ratio=math.inf)
+        out["ratio_valid"] = None if v_l is None else 0.0
     else:
         out.update(ratio_train=loss_ratio(f_l, f_b), ratio_eval=loss_ratio(e_l, e_b))
-        out["velodrome_steps"] = steps_to_reach(base["losses"], f_l)
+        if v_l is not None and v_b is not None:
+            out["ratio_valid"] = loss_ratio(v_l, v_b)
+        out["velodrome_steps"] = valid_steps_to_reach(base, v_l) if held_out else steps_to_reach(base["losses"], f_l)
         out["velodrome_ratio"] = out["velodrome_steps"] / t if out["velodrome_steps"] is not None else math.inf
         out["steps_to_reach"] = steps_to_reach(run["losses"], f_b)
         if out["steps_to_reach"] is not None:
             out["speedup"] = t / out["steps_to_reach"]
         else:
-            out["baseline_steps_to_reach"] = out["velodrome_steps"] or t
+            out["baseline_steps_to_reach"] = steps_to_reach(base["losses"], f_l) or t
             out["speedup"] = out["baseline_steps_to_reach"] / t
     out["win_train"] = bool(not out["diverged"] and out["ratio_train"] < 1.0)
     out["win_eval"] = bool(not out["diverged"] and out["ratio_eval"] < 1.0)

@@ -4,21 +4,28 @@
     out = evaluate("eval/", optimizers=["pretrained:NAME"], tasks=[...], tuning=BaselineTuning(max_extensions=0))
 
 For every task (`task_plan.check_arguments`) and seed, every optimizer and every baseline trains
-the same task draw from the same initialisation (`task_trainer.task_draws`); each baseline is tuned
-over its learning-rate grid (`tuning.tune_learning_rate`), each learned optimizer runs once, told
-the task's step budget (`optimizer_specs.run_learned`). Each optimizer is then scored against each
-tuned baseline's best run (`scores.compare_runs` with the task's trivial loss, `aggregate.summarize`:
-wins, IQMs of the loss ratios, speedups and VeLOdrome ratios with their stratified-bootstrap
-intervals) and every optimizer and baseline gets its performance profile
-(`aggregate.performance_profile`). `output_dir` receives RESULT_FILES:
+the same task draw from the same initialisation (`task_trainer.task_draws`), and each run measures,
+in the same program, its validation loss at 20 evenly spaced steps (the last at the end) and its
+test loss (and, for an image classifier, test accuracy) after training. Each baseline is tuned
+over its learning-rate grid on the final validation loss (`tuning.tune_learning_rate`,
+`tuning.best_runs`), each learned optimizer runs once, told the task's step budget
+(`optimizer_specs.run_learned`), and every optimizer's wall time per training step is measured
+(`wall_clock.step_seconds`). Each optimizer is then scored against each tuned baseline's best run
+(`scores.compare_runs` with the task's trivial loss, `aggregate.summarize`: wins and IQMs of the
+test-loss ratio first, then of the train-loss ratio, speedups and the held-out VeLOdrome ratios,
+with stratified-bootstrap intervals), every optimizer and baseline gets its performance profile on
+test loss (`aggregate.performance_profile`) and its time to reach tuned AdamW's final validation
+loss in wall-clock (`wall_clock.time_to_target`, when AdamW is a baseline). `output_dir` receives
+RESULT_FILES:
 
     results.json  everything, machine-readable (non-finite numbers as null, with flags)
-    results.md    the summary table and the per-task tables
-    results.csv   task, optimizer, learning_rate, seed, final_train_loss, eval_loss for every run
+    results.md    the test-loss summary, the train-loss summary, the per-task tables, time to target
+    results.csv   task, optimizer, learning_rate, seed, final_train_loss, valid_loss, test_loss,
+                  test_accuracy for every run
     curves.png    per task: train-loss curves (median over seeds, min-max band) of each optimizer
                   and each baseline at its best rate                                  (with `plots`)
-    curves.npz    every curve, [seeds, steps] per (task, optimizer, lr)
-    performance_profile.png  each optimizer's performance profile                     (with `plots`)
+    curves.npz    every curve, [seeds, steps] per (task, optimizer, lr), and the validation curves
+    performance_profile.png  each optimizer's performance profile on test loss        (with `plots`)
 
 and an earlier evaluation's files are never replaced unless `overwrite`. How the baselines are
 tuned (their starting grids, SGD's momentum, AdamW's weight decay, the grid extensions) is one
@@ -34,17 +41,19 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import numpy as np
 
 from outer_trainers.evaluation.aggregate import performance_profile, summarize
 from outer_trainers.evaluation.curves import plot_curves, plot_performance_profile, save_curves
-from outer_trainers.evaluation.optimizer_specs import (is_untuned_baseline, optimizer_labels, resolve_optimizer,
-                                                        run_learned)
+from outer_trainers.evaluation.optimizer_specs import (is_untuned_baseline, learned_tx, optimizer_labels,
+                                                        resolve_optimizer, run_learned)
 from outer_trainers.evaluation.report import results_json, results_markdown, write_csv, write_json, write_text
 from outer_trainers.evaluation.scores import COLLAPSE_MARGIN, compare_runs, trivial_loss_of
 from outer_trainers.evaluation.task_plan import check_arguments
-from outer_trainers.evaluation.task_trainer import task_draws
+from outer_trainers.evaluation.task_trainer import VALID_POINTS, VALID_SPLIT, task_draws
 from outer_trainers.evaluation.tuning import ADAMW_WEIGHT_DECAY, baseline, best_runs, default_lrs, tune_learning_rate
-from tasks.base import TaskFamily
+from outer_trainers.evaluation.wall_clock import step_seconds, time_to_target
+from tasks.base import TaskFamily, check_count
 from tasks.conv import ConvFamily
 
 RESULT_FILES = ("results.csv", "curves.png", "results.md", "curves.npz", "results.json", "performance_profile.png")
@@ -124,11 +133,15 @@ def trivial_losses(family: TaskFamily, seeds: Sequence[int]) -> Optional[list]:
 
 def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizers: Sequence[dict],
              baselines: Sequence[str], grids: dict, eval_split: str, *, momentum: float = 0.9,
-             weight_decay: float = ADAMW_WEIGHT_DECAY, max_extensions: int = 4) -> tuple[list[dict], dict]:
+             weight_decay: float = ADAMW_WEIGHT_DECAY, max_extensions: int = 4, valid_split: str = VALID_SPLIT,
+             valid_points: int = VALID_POINTS, select_by: str = "valid",
+             time_steps: bool = False) -> tuple[list[dict], dict]:
     """Trains one task per seed with every optimizer and every baseline (tuned: `tune_learning_rate`).
 
     Every setting sees the same task draws and initialisations (`task_draws`). A baseline given
-    as an optimizer under its own name is tuned once, not twice.
+    as an optimizer under its own name is tuned once, not twice. With `time_steps`, every run of
+    an optimizer gets "step_seconds": its measured wall time per training step
+    (`wall_clock.step_seconds`, a baseline at its best rate).
 
     Args:
       family: the task family (a Task lifted by `single_task_family` draws the same task every seed).
@@ -137,23 +150,43 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
       optimizers: `resolve_optimizer` results.
       baselines: baseline names, each tuned; "published:NAME" ones run once, untuned.
       grids: {baseline name: its starting learning-rate grid}.
-      eval_split: the data split of the held-out loss after training.
+      eval_split: the data split of the test loss after training.
       momentum: SGD's momentum.
       weight_decay: AdamW's weight decay.
       max_extensions: the most grid extensions per baseline.
+      valid_split: the validation split (tuning reads its final loss).
+      valid_points: validation measurements per run (`task_trainer.valid_schedule`).
+      select_by: the tuning rule's loss, "valid" (the protocol's) or "train" (`tuning.best_runs`).
+      time_steps: measure each optimizer's wall time per step.
 
     Returns:
-      (runs, seconds): the run dicts (`{"optimizer", "learning_rate" (NaN for a learned optimizer),
-      "losses" [S, num_steps], "evals" [S]}`, float64), optimizers first, and {name: wall seconds}.
+      (runs, seconds): the run dicts (`task_trainer`'s module docstring, float64; "learning_rate"
+      NaN for a learned optimizer), optimizers first, and {name: wall seconds}.
     """
     cfgs, run_keys = task_draws(family, seeds)
-    common = dict(eval_split=eval_split, sequential=runs_in_sequence(family))
+    common = dict(eval_split=eval_split, sequential=runs_in_sequence(family), valid_split=valid_split,
+                  valid_points=valid_points)
     runs, seconds, tuned = [], {}, set()
 
     def tune(label, name):
         make_tx = baseline(name, momentum=momentum, weight_decay=weight_decay)
-        return tune_learning_rate(family, label, make_tx, grids[name], cfgs, run_keys, num_steps,
-                                  max_extensions=max_extensions, **common)
+        own = tune_learning_rate(family, label, make_tx, grids[name], cfgs, run_keys, num_steps,
+                                 max_extensions=max_extensions, select_by=select_by, **common)
+        if time_steps:
+            lr = best_runs(own, select_by)[label]["learning_rate"]
+            timed(own, make_tx, jax.numpy.asarray(lr, jax.numpy.float32))
+        return own
+
+    def timed(own, make_tx, tx_args):
+        per_step = step_seconds(family, make_tx, tx_args, cfgs, run_keys)
+        for r in own:
+            r["step_seconds"] = per_step
+
+    def learned(opt):
+        run = run_learned(opt, family, num_steps, cfgs, run_keys, **common)
+        if time_steps:
+            timed([run], *learned_tx(opt, num_steps))
+        return run
 
     for opt in optimizers:
         start = time.perf_counter()
@@ -162,18 +195,36 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
             if opt["label"] == opt["spec"]:
                 tuned.add(opt["spec"])  # a baseline evaluated as an optimizer is not tuned twice
         else:
-            runs.append(run_learned(opt, family, num_steps, cfgs, run_keys, **common))
+            runs.append(learned(opt))
         seconds[opt["label"]] = time.perf_counter() - start
     for name in baselines:
         if name in tuned:
             continue
         start = time.perf_counter()
         if is_untuned_baseline(name):  # published:NAME: run once, as its authors released it
-            runs.append(run_learned(resolve_optimizer(name, name), family, num_steps, cfgs, run_keys, **common))
+            runs.append(learned(resolve_optimizer(name, name)))
         else:
             runs += tune(name, name)
         seconds[name] = time.perf_counter() - start
     return runs, seconds
+
+
+def target_times(runs: Sequence[dict], target_name: str = "adamw") -> dict:
+    """Each optimizer's time to reach `target_name`'s final validation loss (`wall_clock.time_to_target`).
+
+    Args:
+      runs: one task's runs (`run_task`, with "step_seconds").
+      target_name: the tuned baseline whose median final validation loss is the target.
+
+    Returns:
+      `{"target": the loss or None (no such baseline, or every rate of it diverged), "optimizers":
+      {name: {"steps", "step_seconds", "seconds"}}}`.
+    """
+    best = best_runs(runs)
+    ref = best.get(target_name)
+    target = None if ref is None or ref.get("diverged") else float(np.median(ref["valids"]))
+    seconds = {name: r["step_seconds"] for name, r in best.items() if "step_seconds" in r}
+    return {"target": target, "optimizers": time_to_target(best, target, seconds)}
 
 
 def _cpu_seconds() -> float:
@@ -185,14 +236,17 @@ def _cpu_seconds() -> float:
 def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Optional[str] = None,
              suite: Optional[str] = None, tasks: Sequence[Any] = (), num_steps: int = 1000, num_seeds: int = 3,
              baselines: Sequence[str] = DEFAULT_BASELINES, tuning: BaselineTuning = BaselineTuning(),
-             eval_split: str = "test", collapse_margin: float = COLLAPSE_MARGIN, n_resamples: int = 2000,
+             eval_split: str = "test", valid_split: str = VALID_SPLIT, valid_points: int = VALID_POINTS,
+             time_steps: bool = True, collapse_margin: float = COLLAPSE_MARGIN, n_resamples: int = 2000,
              plots: bool = True, overwrite: bool = False, log: Log = print_now) -> dict:
     """Runs the evaluation of the module docstring and writes its files to `output_dir`.
 
-    Per optimizer L and tuned baseline B, over the tasks: wins (f_L < f_B, e_L < e_B, speedup > 1)
-    and interquartile means, with 95% stratified-bootstrap intervals, of f_L / f_B, e_L / e_B, the
-    speedups and the VeLOdrome ratios (`scores`, `aggregate`); the tasks on which L diverged or
-    collapsed; and every optimizer's performance profile.
+    Per optimizer L and tuned baseline B (its rate chosen on validation loss), over the tasks: wins
+    (e_L < e_B on test loss: the headline; f_L < f_B on train loss, speedup > 1) and interquartile
+    means, with 95% stratified-bootstrap intervals, of e_L / e_B, f_L / f_B, the speedups and the
+    held-out VeLOdrome ratios (`scores`, `aggregate`); the tasks on which L diverged or collapsed;
+    every optimizer's performance profile on test loss; and the time to reach tuned AdamW's final
+    validation loss in wall-clock.
 
     Args:
       output_dir: where the result files go (created if missing).
@@ -206,7 +260,13 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
         untuned published learned optimizers ("published:NAME", `optimizer_specs.untuned_baseline_names()`).
       tuning: how the baselines are tuned: their starting grids, SGD's momentum, AdamW's weight decay and
         the most grid extensions (`BaselineTuning`).
-      eval_split: the data split of the held-out loss of `tasks` (a suite task has its own).
+      eval_split: the data split of the test loss of `tasks` (a suite task has its own).
+      valid_split: the validation split every task is tuned on (never the eval split).
+      valid_points: validation measurements per run, evenly spaced, the last at the end
+        (`task_trainer.valid_schedule`): the resolution of the held-out VeLOdrome and of the time
+        to target.
+      time_steps: measure each optimizer's wall time per step for the time to target (a compile
+        and a few short runs per optimizer and task; False: no seconds, steps only).
       collapse_margin: a run is collapsed when its final train loss is >= (1 - margin) x its task's
         trivial loss (`scores.collapsed`).
       n_resamples: bootstrap resamples of each interval.
@@ -228,7 +288,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     grids = tuning.grids()
     momentum, weight_decay, max_extensions = tuning.momentum, tuning.weight_decay, tuning.max_extensions
     plan = check_arguments(output_dir, specs, suite, tasks, num_steps, num_seeds, baselines, grids, momentum,
-                           eval_split, max_extensions)
+                           eval_split, max_extensions, valid_split=valid_split)
+    valid_points = check_count(valid_points, "evaluate: valid_points")
     if not 0.0 <= collapse_margin < 1.0:
         raise ValueError(f"evaluate: collapse_margin must be in [0, 1), got {collapse_margin!r}")
     existing = [f for f in RESULT_FILES if os.path.exists(os.path.join(output_dir, f))]
@@ -239,10 +300,11 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     results, info, trivial, start, cpu_start = {}, {}, {}, time.perf_counter(), _cpu_seconds()
     for name, family, steps, seeds, split in plan:
         runs, seconds = run_task(family, steps, seeds, opts, baselines, grids, split, momentum=momentum,
-                                 weight_decay=weight_decay, max_extensions=max_extensions)
+                                 weight_decay=weight_decay, max_extensions=max_extensions, valid_split=valid_split,
+                                 valid_points=valid_points, time_steps=time_steps)
         results[name], trivial[name] = runs, trivial_losses(family, seeds)
-        info[name] = {"num_steps": steps, "seeds": list(seeds), "eval_split": split, "seconds": seconds,
-                      "trivial_loss": trivial[name]}
+        info[name] = {"num_steps": steps, "seeds": list(seeds), "eval_split": split, "valid_split": valid_split,
+                      "seconds": seconds, "trivial_loss": trivial[name], "time_to_target": target_times(runs)}
         log(f"{name}: {steps} steps x {len(seeds)} seeds in {sum(seconds.values()):.0f} s")
     comparisons, summary = {}, {}
     for opt in opts:
@@ -254,19 +316,26 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
             comparisons[pair] = {t: compare_runs(*p, trivial[t], collapse_margin) for t, p in pairs.items()}
             summary[pair] = summarize(comparisons[pair], pairs, n_resamples=n_resamples)
     profile = performance_profile(results)
+    train_profile = performance_profile(results, by="train")
     total, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
     meta = {"suite": suite, "optimizers": {o["label"]: o["spec"] for o in opts}, "baselines": list(baselines),
             "protocol": {"grid": {b: list(grids[b]) for b in baselines if b in grids}, "extend_by": 2,
-                         "max_extensions": max_extensions, "tuning": "lowest median over seeds of the final "
-                         "train loss; a diverged seed loses", "final_train": "mean train loss of the last 10% "
+                         "max_extensions": max_extensions, "tuning": f"lowest median over seeds of the final "
+                         f"validation loss ({valid_split} split); a diverged seed loses", "valid_split": valid_split,
+                         "valid_points": valid_points, "headline": "test loss at the end of training (each task's "
+                         "eval split); train loss secondary", "final_train": "mean train loss of the last 10% "
                          "of steps", "statistic": "median over seeds", "speedup": "see outer_trainers.evaluation.protocol",
                          "intervals": f"95% stratified-bootstrap percentile intervals of the IQM across tasks, seeds "
                          f"resampled within each task, {n_resamples} resamples (scipy.stats.bootstrap)",
-                         "velodrome": "steps the tuned baseline needs to reach the optimizer's final train loss, "
-                         "over the budget (null with velodrome_steps null: not within the budget)",
+                         "velodrome": "steps the tuned baseline's validation curve needs to reach the optimizer's "
+                         "final validation loss, over the budget (null with velodrome_steps null: not within the "
+                         "budget)", "time_to_target": "steps and wall-clock seconds (measured seconds per "
+                         "training step x steps) for each optimizer's validation curve to reach tuned AdamW's "
+                         "final validation loss (see outer_trainers.evaluation.scores)",
                          "collapse": f"final train loss >= (1 - {collapse_margin}) x the task's trivial_loss "
                          f"(else: not below the initial loss)", "weight_decay": weight_decay, "momentum": momentum},
-            "performance_profile": {"tasks": profile["tasks"], "ratios": profile["ratios"]},
+            "performance_profile": {"on": "test loss", "tasks": profile["tasks"], "ratios": profile["ratios"]},
+            "performance_profile_train": {"tasks": train_profile["tasks"], "ratios": train_profile["ratios"]},
             "seconds": total, "cpu_seconds": cpu}
     doc = results_json(results, info, comparisons, summary, meta)
     os.makedirs(output_dir, exist_ok=True)
@@ -280,7 +349,7 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     named = [f"{b} (untuned)" if is_untuned_baseline(b) else b for b in baselines]
     title = f"{', '.join(o['label'] for o in opts)} vs tuned {', '.join(named)} on {what}"
     text = results_markdown(title, comparisons, summary, results, {t: i["num_steps"] for t, i in info.items()},
-                            total, cpu, profile, plots)
+                            total, cpu, profile, plots, {t: i["time_to_target"] for t, i in info.items()})
     write_text(os.path.join(output_dir, "results.md"), text)
     log(text)
     return {"results": results, "comparisons": comparisons, "summary": summary, "profile": profile, "json": doc}

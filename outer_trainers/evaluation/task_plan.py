@@ -42,7 +42,7 @@ class PlannedTask(NamedTuple):
 
 def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[str], tasks: Sequence[Any],
                     num_steps: int, num_seeds: int, baselines: Sequence[str], grids: dict, momentum: float,
-                    eval_split: str, max_extensions: int = 4) -> list[PlannedTask]:
+                    eval_split: str, max_extensions: int = 4, *, valid_split: Optional[str] = None) -> list[PlannedTask]:
     """Checks an evaluation's arguments before any work, and builds its tasks (loading their data).
 
     Args:
@@ -57,6 +57,8 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
       momentum: SGD's momentum, in [0, 1).
       eval_split: a split of every task's data.
       max_extensions: >= 0.
+      valid_split: the validation split tuning reads: a split of every task's data, not a task's
+        eval split (None: none checked).
 
     Returns:
       `[PlannedTask(name, family, num_steps, seeds, eval_split)]`, one per task, in order.
@@ -88,11 +90,11 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
     if suite is None and not tasks:
         raise ValueError("evaluate: no tasks; give --suite NAME (one of "
                          f"{suites.names()}) or --task 'QuadraticFamily(dim=4)' (or evaluate.tasks)")
-    return plan_tasks(suite, tasks, num_steps, num_seeds, eval_split)
+    return plan_tasks(suite, tasks, num_steps, num_seeds, eval_split, valid_split=valid_split)
 
 
 def plan_tasks(suite: Optional[str], tasks: Sequence[Any], num_steps: int, num_seeds: int, eval_split: str, *,
-               what: str = "evaluate") -> list[PlannedTask]:
+               what: str = "evaluate", valid_split: Optional[str] = None) -> list[PlannedTask]:
     """The tasks of a suite or of a task list, built (their data loaded) and checked.
 
     Args:
@@ -104,6 +106,7 @@ def plan_tasks(suite: Optional[str], tasks: Sequence[Any], num_steps: int, num_s
       num_seeds: task draws per task of `tasks`.
       eval_split: the data split of the held-out loss of `tasks`.
       what: the caller's name, starting every error message (e.g. "evaluate").
+      valid_split: a validation split every task's data must have, other than its eval split (None: unchecked).
 
     Returns:
       `[PlannedTask(name, family, num_steps, seeds, eval_split)]`, one per task, in order.
@@ -137,4 +140,10 @@ def plan_tasks(suite: Optional[str], tasks: Sequence[Any], num_steps: int, num_s
         if family.data is not None and split not in family.data.splits:
             raise ValueError(f"{what}: eval_split {split!r} is not a split of {name}'s data "
                              f"(it has {sorted(family.data.splits)})")
+        if valid_split is not None and valid_split == split:
+            raise ValueError(f"{what}: valid_split {valid_split!r} is {name}'s eval split; tuning on the data "
+                             f"that scores the result would let test data into tuning: choose another split")
+        if valid_split is not None and family.data is not None and valid_split not in family.data.splits:
+            raise ValueError(f"{what}: valid_split {valid_split!r} is not a split of {name}'s data "
+                             f"(it has {sorted(family.data.splits)}); give evaluate.valid_split one of them")
     return plan

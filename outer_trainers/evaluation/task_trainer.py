@@ -2,37 +2,76 @@
 
     trainer = make_task_trainer(family, make_tx, num_steps)
     losses, evals = trainer(tx_args, cfgs, keys, family.data)
+    trainer = make_task_trainer(family, make_tx, num_steps, valid_split="inner_valid", valid_points=20)
+    out = trainer(tx_args, cfgs, keys, family.data)   # {"losses", "evals", "valids", "valid_curve"[, "accuracy"]}
 
 trains every task cfg (vmapped) for `num_steps` with `make_tx(tx_args)` (tx_args traced, so an
 lr grid or a new theta reuses one compiled program) and returns per-step train losses
-[num_tasks, num_steps] and the final loss on `eval_split` [num_tasks]. Every other evaluation
+[num_tasks, num_steps] and the final loss on `eval_split` [num_tasks]; with a `valid_split`, the
+same program also measures the validation loss at the `valid_schedule` steps (the last one is the
+end of training) and, for an image classifier, the accuracy on `eval_split`. Every other evaluation
 module trains through it: `sample_cfgs` and `task_draws` draw the tasks, `run_settings` runs a
 list of optimizer settings on the same draws, `run_fixed` runs one setting (a learned optimizer's
 theta) and returns the run dict that the protocol's functions score.
 
-A run dict: `{"optimizer": name, "learning_rate": float (NaN when there is none), "losses":
-[S, T] train losses, "evals": [S] held-out losses}` for S runs (seeds or task draws) of T steps.
+A run dict, for S runs (seeds or task draws) of T steps::
+
+    "optimizer"      name
+    "learning_rate"  float (NaN when there is none)
+    "losses"         [S, T] train losses
+    "evals"          [S] test losses: the loss on the eval split after training
+    "valids"         [S] validation losses after training (the tuning rule reads these)
+    "valid_curve"    [S, K] validation losses after each of the K steps of "valid_steps"
+    "valid_steps"    [K] 1-based step counts, ascending, the last one T (`valid_schedule`)
+    "accuracy"       [S] test accuracy (image classifiers only: `train_eval.is_image_classifier`)
+
+The last four come with a validation split (`run_settings`, `run_fixed` and
+`tuning.tune_learning_rate` measure one by default: `VALID_SPLIT`). A task without data (a
+quadratic) has one objective: its validation and test losses are that loss at the final
+parameters, measured with their own keys.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from outer_trainers.training.train_state import eval_loss, init_train_state, train_step
+from outer_trainers.training.train_eval import default_metrics
+from outer_trainers.training.train_state import eval_loss, init_train_state, mean_over_batches, train_step
 from tasks.base import TaskFamily, check_count
 
 MakeTx = Callable[[Any], optax.GradientTransformation]
 Setting = tuple[str, MakeTx, Sequence[tuple[float, Any]]]
+VALID_SPLIT = "inner_valid"  # the split a user tunes on: disjoint from train and test, and not meta-training's outer_valid
+VALID_POINTS = 20            # validation losses measured per run, evenly spaced, the last at the end
+
+
+def valid_schedule(num_steps: int, valid_points: int) -> tuple[int, ...]:
+    """The steps after which a run's validation loss is measured: K = min(valid_points, T) points.
+
+    With c = T // K and r = T - K * c, the points are r + c * k for k = 1 .. K: evenly spaced, the
+    last one at T (the end of training), the remainder r taken up before the first.
+
+    Args:
+      num_steps: T, the steps of the run (>= 1).
+      valid_points: how many points wanted (>= 1).
+
+    Returns:
+      the K step counts (1-based: after that many steps), ascending.
+    """
+    t = check_count(num_steps, "valid_schedule: num_steps")
+    k = min(check_count(valid_points, "valid_schedule: valid_points"), t)
+    c = t // k
+    return tuple(t - k * c + c * (i + 1) for i in range(k))
 
 
 def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, eval_split: str = "test",
                       eval_batches: int = 8, normalize: bool = False, batched_args: bool = False,
-                      sequential: bool = False) -> Callable:
+                      sequential: bool = False, valid_split: Optional[str] = None, valid_points: int = 1) -> Callable:
     """A jitted trainer of many sampled tasks with one optimizer: `fn(tx_args, cfgs, keys, data)`.
 
     Each task `family.task_fn(cfg)` starts from `train_model`'s `init_train_state` and takes
@@ -52,27 +91,62 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
       sequential: run the A x T runs one after another (`lax.map`) inside the one program instead of
         vmapping them: the same numbers, faster for convnets on CPU, where a vmap over weights
         becomes a grouped convolution.
+      valid_split: also measure the loss on this split (`eval_batches` batches) at the
+        `valid_schedule(num_steps, valid_points)` steps, inside the same program: the training
+        runs as a scan over K chunks of steps, each followed by one validation measurement (the
+        train losses are those of one scan over all steps). None: no validation loss.
+      valid_points: K, the validation measurements per run (with `valid_split`).
 
     Returns:
-      `fn(tx_args, cfgs, keys, data) -> (train_losses [T, num_steps], eval_losses [T])`, where
-      `cfgs` is a batch of T task cfgs (see `sample_cfgs`), `keys` [T] the run keys and `data`
-      the family's `data` (with `batched_args`: [A, T, num_steps] and [A, T]).
-      ValueError unless num_steps, eval_batches >= 1.
+      `fn(tx_args, cfgs, keys, data)`, where `cfgs` is a batch of T task cfgs (see `sample_cfgs`),
+      `keys` [T] the run keys and `data` the family's `data`. Without `valid_split` it returns
+      `(train_losses [T, num_steps], eval_losses [T])`; with one, `{"losses" [T, num_steps],
+      "evals" [T], "valids" [T] (the last point of the curve), "valid_curve" [T, K]}` plus
+      "accuracy" [T] on `eval_split` for an image classifier (`train_eval.is_image_classifier`).
+      With `batched_args` every output has a leading axis of A. ValueError unless num_steps,
+      eval_batches, valid_points >= 1.
     """
     num_steps = check_count(num_steps, "make_task_trainer: num_steps")
     eval_batches = check_count(eval_batches, "make_task_trainer: eval_batches")
+    schedule = valid_schedule(num_steps, valid_points) if valid_split is not None else None
+
+    def train_plain(task, tx, state, data, keys):
+        return jax.lax.scan(lambda s, k: train_step(task, tx, s, data, k), state, keys)
 
     def train_one(tx_args, cfg, key, data):
         task = family.task_fn(cfg)
         tx = make_tx(tx_args)
         k_init, k_train, k_eval = jax.random.split(key, 3)
         state = init_train_state(task, tx, k_init)
-        state, losses = jax.lax.scan(lambda s, k: train_step(task, tx, s, data, k), state,
-                                     jax.random.split(k_train, num_steps))
-        final = eval_loss(task, state.params, state.model_state, data, k_eval, eval_split, eval_batches)
+        keys = jax.random.split(k_train, num_steps)
+        if schedule is None:
+            state, losses = train_plain(task, tx, state, data, keys)
+            final = eval_loss(task, state.params, state.model_state, data, k_eval, eval_split, eval_batches)
+            if normalize:
+                losses, final = task.normalizer(losses), task.normalizer(final)
+            return losses, final
+        k_valid = jax.random.fold_in(k_eval, 1)
+        valid = lambda s: eval_loss(task, s.params, s.model_state, data, k_valid, valid_split, eval_batches)
+        chunk = num_steps // len(schedule)
+        head = num_steps - chunk * len(schedule)
+        state, head_losses = train_plain(task, tx, state, data, keys[:head])
+
+        def one_chunk(s, ks):
+            s, chunk_losses = train_plain(task, tx, s, data, ks)
+            return s, (chunk_losses, valid(s))
+
+        state, (chunk_losses, curve) = jax.lax.scan(
+            one_chunk, state, keys[head:].reshape((len(schedule), chunk) + keys.shape[1:]))
+        losses = jnp.concatenate([head_losses, chunk_losses.reshape(-1)])
+        metrics = mean_over_batches(default_metrics(task), state.params, state.model_state, data, k_eval,
+                                    eval_split, eval_batches)
+        out = {"losses": losses, "evals": metrics["loss"], "valid_curve": curve}
         if normalize:
-            losses, final = task.normalizer(losses), task.normalizer(final)
-        return losses, final
+            out = {k: task.normalizer(v) for k, v in out.items()}
+        out["valids"] = out["valid_curve"][-1]
+        if "accuracy" in metrics:
+            out["accuracy"] = metrics["accuracy"]
+        return out
 
     if sequential:
         return jax.jit(functools.partial(_in_sequence, train_one, batched_args))
@@ -131,8 +205,27 @@ def task_draws(family: TaskFamily, seeds: Sequence[int]) -> tuple[Any, jax.Array
     return cfgs, jnp.stack([jax.random.fold_in(k, 1) for k in keys])
 
 
+def run_dict(name: str, learning_rate: float, out: dict, num_steps: int, valid_points: int) -> dict:
+    """A run dict (module docstring; float64 numpy) from a validating trainer's outputs for one setting.
+
+    Args:
+      name: the optimizer's name.
+      learning_rate: its rate (NaN when there is none).
+      out: `make_task_trainer(..., valid_split=...)`'s outputs for one setting: {"losses" [S, T], ...}.
+      num_steps: T.
+      valid_points: the trainer's `valid_points`.
+
+    Returns:
+      the run dict, with "valid_steps" = `valid_schedule(num_steps, valid_points)`.
+    """
+    run = {"optimizer": name, "learning_rate": float(learning_rate)}
+    run.update({k: np.asarray(v, np.float64) for k, v in jax.device_get(out).items()})
+    run["valid_steps"] = np.asarray(valid_schedule(num_steps, valid_points))
+    return run
+
+
 def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, keys: jax.Array, num_steps: int, *,
-                 eval_split: str = "test") -> list[dict]:
+                 eval_split: str = "test", valid_split: str = VALID_SPLIT, valid_points: int = 1) -> list[dict]:
     """Trains the same T tasks with every optimizer setting: one compile per optimizer.
 
     Every setting sees the same task draws and initialisations (`cfgs`, `keys`), so their
@@ -146,10 +239,12 @@ def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, key
       cfgs: T task cfgs (see `sample_cfgs`).
       keys: run keys [T].
       num_steps: inner training steps per task.
-      eval_split: the data split of the loss measured after training.
+      eval_split: the data split of the loss measured after training (the test loss).
+      valid_split: the validation split (`make_task_trainer`).
+      valid_points: validation measurements per run.
 
     Returns:
-      `[{"optimizer": name, "learning_rate": float, "losses": [T, num_steps], "evals": [T]}]` (numpy),
+      run dicts (module docstring: "losses" [T, num_steps], "evals", "valids" [T], ...; float64),
       one per grid point, in the order of `settings`. ValueError for an empty grid or num_steps < 1,
       before anything runs.
     """
@@ -159,16 +254,16 @@ def run_settings(family: TaskFamily, settings: Sequence[Setting], cfgs: Any, key
             raise ValueError(f"run_settings: the grid of setting {name!r} is empty; give it at least one point")
     runs = []
     for name, make_tx, grid in settings:
-        trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split)
+        trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split, valid_split=valid_split,
+                                    valid_points=valid_points)
         for lr, args in grid:
-            losses, evals = jax.device_get(trainer(args, cfgs, keys, family.data))
-            runs.append({"optimizer": name, "learning_rate": float(lr), "losses": np.asarray(losses),
-                         "evals": np.asarray(evals)})
+            runs.append(run_dict(name, lr, trainer(args, cfgs, keys, family.data), num_steps, valid_points))
     return runs
 
 
 def run_fixed(family: TaskFamily, name: str, make_tx: MakeTx, tx_args: Any, cfgs: Any, keys: jax.Array,
-              num_steps: int, *, eval_split: str = "test", eval_batches: int = 8, sequential: bool = False) -> dict:
+              num_steps: int, *, eval_split: str = "test", eval_batches: int = 8, sequential: bool = False,
+              valid_split: str = VALID_SPLIT, valid_points: int = 1) -> dict:
     """Trains every seed with one optimizer setting (a learned optimizer's theta): one program.
 
     The untuned counterpart of `tune_learning_rate`: the run of an optimizer that is not tuned
@@ -185,12 +280,12 @@ def run_fixed(family: TaskFamily, name: str, make_tx: MakeTx, tx_args: Any, cfgs
       eval_split: the data split of the held-out loss after training.
       eval_batches: batches averaged for that loss.
       sequential: run the seeds one after another in the program (`make_task_trainer`).
+      valid_split: the validation split.
+      valid_points: validation measurements per run (`valid_schedule`).
 
     Returns:
-      `{"optimizer": name, "learning_rate": nan, "losses" [S, num_steps], "evals" [S]}` (float64).
+      the run dict (module docstring), "learning_rate" NaN, float64.
     """
     trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split, eval_batches=eval_batches,
-                                sequential=sequential)
-    losses, evals = jax.device_get(trainer(tx_args, cfgs, keys, family.data))
-    return {"optimizer": name, "learning_rate": float("nan"), "losses": np.asarray(losses, np.float64),
-            "evals": np.asarray(evals, np.float64)}
+                                sequential=sequential, valid_split=valid_split, valid_points=valid_points)
+    return run_dict(name, float("nan"), trainer(tx_args, cfgs, keys, family.data), num_steps, valid_points)

@@ -2,17 +2,23 @@
 
 A baseline (`baseline`: Adam, AdamW, Muon, SGD with momentum) is trained at every learning rate of a
 log-spaced grid (`default_lrs`: 7 rates half a decade apart) for every seed, all A rates x S seeds
-in one vmapped, jitted program (`tune_learning_rate`). The best rate is `best_runs`'s: the lowest
-median over seeds of the final train loss (`scores.final_loss`), a rate with a diverged seed
-losing::
+in one vmapped, jitted program (`tune_learning_rate`), each run measuring its validation loss
+after training in the same program (the "valids" of `task_trainer`'s run dict: the loss on the
+validation split, `task_trainer.VALID_SPLIT` = "inner_valid", a split disjoint from train and
+test). The best rate is `best_runs`'s: the lowest median over seeds of the final validation loss
+v, a rate with a diverged seed (a non-finite train or validation loss) losing::
 
-    score(lr) = median_seeds f(lr)   if every seed of lr is finite, else inf
+    score(lr) = median_seeds v(lr)   if every seed of lr is finite, else inf
     best      = argmin_lr score(lr)   (ties: the earlier rate)
+
+This is how a user picks a rate: on held-out data, not on the loss being minimised (a rate chosen on
+final train loss favours the one that over-fits). `best_runs(runs, by="train")` ranks by the final
+train loss (`scores.final_loss`) instead, for callers that keep that rule.
 
 While the best rate is the grid's smallest or largest, `extend_by` more rates are added past that
 edge at the grid's spacing r = (lr_max / lr_min) ** (1 / (A - 1)) (at most `max_extensions`
 times); a best rate still on an edge after that is reported (`grid_edge`). Test data never enters
-tuning: the rule reads train losses only.
+tuning: the rule reads validation (or train) losses only.
 
 The baselines, each with one tuned learning rate lr and everything else fixed:
 
@@ -48,7 +54,7 @@ import optax
 from optax import contrib as optax_contrib
 
 from outer_trainers.evaluation.scores import final_loss
-from outer_trainers.evaluation.task_trainer import MakeTx, make_task_trainer
+from outer_trainers.evaluation.task_trainer import VALID_SPLIT, MakeTx, make_task_trainer, run_dict
 from tasks.base import TaskFamily
 
 _GRIDS = {"adam": (1e-4, 1e-1), "adamw": (1e-4, 1e-1), "muon": (1e-3, 1.0), "sgdm": (1e-3, 1.0)}
@@ -163,43 +169,64 @@ def lr_grid(lrs: Sequence[float]) -> list[tuple[float, jax.Array]]:
     return [(lr, jnp.asarray(lr, jnp.float32)) for lr in check_learning_rates(lrs, "lr_grid")]
 
 
-def _tuning_score(losses) -> float:
-    """Median over runs of the final train loss; inf if any run is non-finite."""
-    finals = final_loss(losses)
-    return float(np.median(finals)) if np.all(np.isfinite(finals)) else float("inf")
+SELECT_BY = ("valid", "train")
 
 
-def best_runs(runs: Sequence[dict]) -> dict[str, dict]:
+def _tuning_score(run: dict, by: str) -> float:
+    """Median over runs of the final validation (or train) loss; inf if any run is non-finite."""
+    finals = final_loss(run["losses"])
+    if by == "train":
+        return float(np.median(finals)) if np.all(np.isfinite(finals)) else float("inf")
+    if "valids" not in run:
+        raise ValueError(f"best_runs: a run of {run.get('optimizer')!r} has no validation losses (\"valids\"); "
+                         f"train it with a validation split (task_trainer.run_settings, run_fixed, "
+                         f"tune_learning_rate) or rank by the train loss with by='train'")
+    valids = np.asarray(run["valids"], np.float64)
+    ok = np.all(np.isfinite(finals)) and np.all(np.isfinite(valids))
+    return float(np.median(valids)) if ok else float("inf")
+
+
+def best_runs(runs: Sequence[dict], by: str = "valid") -> dict[str, dict]:
     """Each optimizer's best setting: the rule that tunes a baseline's learning rate.
 
-    A setting's score is the median, over its runs (tasks or seeds), of the final train loss
-    (`final_loss`: mean of the last 10% of steps); a setting with any non-finite (diverged) run
-    loses. Lowest score wins; ties go to the earlier setting. The median keeps one hard task
-    draw from deciding the grid point; the train loss keeps test data out of tuning.
-    No winner is named silently: when every setting of an optimizer diverged, its entry is
-    its first setting marked `"diverged": True` (a copy; reports must say so).
+    A setting's score is the median, over its runs (tasks or seeds), of the final validation
+    loss ("valids", measured after training on the validation split); a setting with any
+    non-finite (diverged) run, train or validation loss, loses. Lowest score wins; ties go to the
+    earlier setting. The median keeps one hard task draw from deciding the grid point; the
+    validation split keeps test data out of tuning. With `by="train"` the score is the final train
+    loss (`final_loss`: mean of the last 10% of steps) instead. No winner is named silently: when
+    every setting of an optimizer diverged, its entry is its first setting marked
+    `"diverged": True` (a copy; reports must say so).
 
     Args:
-      runs: `run_settings` output: dicts with "optimizer" and "losses" [runs, num_steps].
+      runs: run dicts (`task_trainer`'s module docstring) with "optimizer", "losses" [runs,
+        num_steps] and, for `by="valid"`, "valids" [runs].
+      by: "valid" (the protocol's rule) or "train".
 
     Returns:
       `{optimizer name: its best run}`, in the order the names first appear in `runs`; a run
       of an optimizer whose every setting diverged has `"diverged": True`.
+
+    Raises:
+      ValueError: an unknown `by`, or `by="valid"` and a run without "valids".
     """
+    if by not in SELECT_BY:
+        raise ValueError(f"best_runs: by must be one of {SELECT_BY}, got {by!r}")
     best, scores = {}, {}
     for r in runs:
-        name, score = r["optimizer"], _tuning_score(r["losses"])
+        name, score = r["optimizer"], _tuning_score(r, by)
         if name not in best or score < scores[name]:
             best[name], scores[name] = r, score
     return {name: r if np.isfinite(scores[name]) else {**r, "diverged": True} for name, r in best.items()}
 
 
-def grid_edge(runs: Sequence[dict], name: str) -> Optional[str]:
+def grid_edge(runs: Sequence[dict], name: str, by: str = "valid") -> Optional[str]:
     """Whether `name`'s best rate among `runs` is on the edge of the rates tried.
 
     Args:
-      runs: run dicts ("optimizer", "learning_rate", "losses"), e.g. `tune_learning_rate`'s.
+      runs: run dicts ("optimizer", "learning_rate", "losses", "valids"), e.g. `tune_learning_rate`'s.
       name: the optimizer whose rates are looked at.
+      by: `best_runs`' rule.
 
     Returns:
       "low" or "high" when the best rate is the smallest or largest tried (every rate diverged
@@ -207,7 +234,7 @@ def grid_edge(runs: Sequence[dict], name: str) -> Optional[str]:
     """
     own = [r for r in runs if r["optimizer"] == name]
     lrs = sorted(r["learning_rate"] for r in own)
-    best = best_runs(own)[name]
+    best = best_runs(own, by)[name]
     if best.get("diverged"):
         return "low"
     if len(lrs) < 2:
@@ -215,16 +242,17 @@ def grid_edge(runs: Sequence[dict], name: str) -> Optional[str]:
     return "low" if best["learning_rate"] == lrs[0] else "high" if best["learning_rate"] == lrs[-1] else None
 
 
-def _to_runs(name: str, lrs: Sequence[float], losses, evals) -> list[dict]:
+def _to_runs(name: str, lrs: Sequence[float], out: dict, num_steps: int, valid_points: int) -> list[dict]:
     """Run dicts (float64) of a batched trainer's outputs [A, S, ...], one per rate of `lrs`."""
-    losses, evals = np.asarray(losses, np.float64), np.asarray(evals, np.float64)
-    return [{"optimizer": name, "learning_rate": float(lr), "losses": losses[i], "evals": evals[i]}
+    out = jax.device_get(out)
+    return [run_dict(name, lr, {k: v[i] for k, v in out.items()}, num_steps, valid_points)
             for i, lr in enumerate(lrs)]
 
 
 def tune_learning_rate(family: TaskFamily, name: str, make_tx: MakeTx, lrs: Sequence[float], cfgs: Any,
                        keys: jax.Array, num_steps: int, *, eval_split: str = "test", eval_batches: int = 8,
-                       extend_by: int = 2, max_extensions: int = 4, sequential: bool = False) -> list[dict]:
+                       extend_by: int = 2, max_extensions: int = 4, sequential: bool = False,
+                       valid_split: str = VALID_SPLIT, valid_points: int = 1, select_by: str = "valid") -> list[dict]:
     """Trains every seed at every rate of a log-spaced grid, extending the grid while its best rate is on an edge.
 
     Each extension adds lr_edge * r ** k (k = 1 .. extend_by) past the edge holding the best rate,
@@ -244,26 +272,30 @@ def tune_learning_rate(family: TaskFamily, name: str, make_tx: MakeTx, lrs: Sequ
       extend_by: rates added past the edge per extension.
       max_extensions: the most extensions (0: the grid as given).
       sequential: run the rates and seeds one after another in the program (`make_task_trainer`).
+      valid_split: the validation split, measured in the same program as the training.
+      valid_points: validation measurements per run (`task_trainer.valid_schedule`).
+      select_by: `best_runs`' rule for the grid extensions ("valid", or "train").
 
     Returns:
-      `[{"optimizer": name, "learning_rate", "losses" [S, num_steps], "evals" [S]}]` (float64),
-      one per rate tried, ascending in rate; `best_runs` picks the best, `grid_edge` says whether
-      it is still on an edge.
+      run dicts (`task_trainer`'s module docstring: "losses" [S, num_steps], "evals", "valids" [S],
+      "valid_curve" [S, K], ...; float64), one per rate tried, ascending in rate; `best_runs` picks
+      the best, `grid_edge` says whether it is still on an edge.
     """
     rates = sorted(check_learning_rates(lrs, f"tune_learning_rate({name}): lrs"))
     trainer = make_task_trainer(family, make_tx, num_steps, eval_split=eval_split, eval_batches=eval_batches,
-                                batched_args=True, sequential=sequential)
+                                batched_args=True, sequential=sequential, valid_split=valid_split,
+                                valid_points=valid_points)
 
     def run(points):
-        out = jax.device_get(trainer(np.asarray(points, np.float32), cfgs, keys, family.data))
-        return _to_runs(name, points, *out)
+        return _to_runs(name, points, trainer(np.asarray(points, np.float32), cfgs, keys, family.data), num_steps,
+                        valid_points)
 
     runs = run(rates)
     if len(rates) < 2:
         return runs
     step = (rates[-1] / rates[0]) ** (1.0 / (len(rates) - 1))
     for _ in range(max_extensions):
-        edge = grid_edge(runs, name)
+        edge = grid_edge(runs, name, select_by)
         if edge is None:
             break
         tried = [r["learning_rate"] for r in runs]

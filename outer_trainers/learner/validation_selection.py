@@ -279,10 +279,10 @@ class ValidationSelector:
         for t in self.plan:
             runs, _ = run_task(t.family, t.num_steps, t.seeds, [], [self.baseline], {self.baseline: self.lrs},
                                t.eval_split, momentum=MOMENTUM, weight_decay=ADAMW_WEIGHT_DECAY,
-                               max_extensions=self.max_extensions)
-            best = best_runs(runs)[self.baseline]
+                               max_extensions=self.max_extensions, valid_points=1, select_by="train")
+            best = best_runs(runs, by="train")[self.baseline]
             out[t.name] = {"best_lr": best["learning_rate"], "lrs_tried": [r["learning_rate"] for r in runs],
-                           "grid_edge": grid_edge(runs, self.baseline), "diverged": bool(best.get("diverged", False)),
+                           "grid_edge": grid_edge(runs, self.baseline, by="train"), "diverged": bool(best.get("diverged", False)),
                            "median_final": float(np.median(final_loss(best["losses"]))),
                            "losses": best["losses"], "evals": best["evals"]}
         self.baseline_computations += 1

@@ -79,7 +79,23 @@ def test_tiny_task_list_writes_every_file_with_tuned_baselines(evaluate_script, 
     assert profile["tasks"] == ["quadratic_dim4", "rosenbrock"] and profile["ratios"]["learned"][1] is None
     assert min(r[0] for r in profile["ratios"].values()) == 1.0  # the best on a task has ratio 1
     md = (out / "results.md").read_text()
-    assert "IQM VeLOdrome steps / budget [95% CI]" in md and "**Performance profile**" in md
+    assert "IQM VeLOdrome on validation loss, steps / budget [95% CI]" in md and "**Performance profile**" in md
+    assert md.index("**Test loss at the end of training**") < md.index("**Train loss** (secondary")
+    quad = doc["tasks"]["quadratic_dim4"]
+    for base in ("adam", "sgdm"):  # the rate of lowest median validation loss; the csv holds every run's losses
+        b = quad["optimizers"][base]
+        valid = {float(r["learning_rate"]): [] for r in rows if r["task"] == "quadratic_dim4" and r["optimizer"] == base}
+        for r in rows:
+            if r["task"] == "quadratic_dim4" and r["optimizer"] == base:
+                valid[float(r["learning_rate"])].append(float(r["valid_loss"]) if r["valid_loss"] != "nan" else np.inf)
+        medians = {lr: np.median(v) for lr, v in valid.items()}
+        assert b["best_learning_rate"] == pytest.approx(min(medians, key=medians.get), rel=1e-5)
+        assert np.median(b["valid"]) == pytest.approx(min(medians.values()), rel=1e-5)
+        assert b["valid_steps"][-1] == 10 and len(b["valid_curve"]) == 2 and b["step_seconds"] > 0
+    c = quad["comparisons"]["learned vs adam"]
+    assert c["eval"] == pytest.approx(np.median(quad["optimizers"]["learned"]["eval"]))
+    assert c["ratio_eval"] == pytest.approx(c["eval"] / c["baseline_eval"]) and c["velodrome_on"] == "validation"
+    assert quad["time_to_target"]["target"] is None  # no AdamW among the baselines: no target
     assert "| learned vs adam | 2 |" in md and "| quadratic_dim4 | 10 | learned | — |" in md
     assert "| rosenbrock | 10 | sgdm |" in md and "**learned vs sgdm**" in md
     assert "| rosenbrock | diverged |" in md and "| learned vs adam | 2 | " in md and "| inf [inf, inf] | " in md
@@ -101,6 +117,7 @@ def test_smoke_suite_brings_its_own_steps_and_seeds(evaluate_script, tmp_path):
     out = tmp_path / "suite"
     evaluate_script.main(["--suite", "smoke", "--optimizer", _theta(tmp_path), "--baselines", "adam",
                           "--gin_param", "BaselineTuning.max_extensions = 0",  # fewer compiles
+                          "--gin_param", "evaluate.time_steps = False",
                           "--output_dir", str(out)])
     doc = _strict_json(out / "results.json")
     assert doc["suite"] == "smoke" and doc["optimizers"] == {"learned": str(tmp_path / "theta.msgpack")}
@@ -123,7 +140,8 @@ def test_muon_is_a_baseline_and_plots_can_be_left_out(evaluate_script, tmp_path)
     res = evaluate_script.main(["--theta", _theta(tmp_path), "--task", task,
                                 "--num_steps", "12", "--num_seeds", "3", "--baselines", "muon", "--no_plots",
                                 "--gin_param", "BaselineTuning.max_extensions = 0",
-                                "--gin_param", "evaluate.n_resamples = 300", "--output_dir", str(out)])
+                                "--gin_param", "evaluate.n_resamples = 300", "--gin_param", "evaluate.time_steps = False",
+                                "--output_dir", str(out)])
     assert sorted(f.name for f in out.iterdir()) == ["curves.npz", "results.csv", "results.json", "results.md"]
     doc = _strict_json(out / "results.json")
     task = doc["tasks"]["image_mlp_family_digits_8"]
@@ -266,7 +284,7 @@ def test_no_tasks_no_optimizer_an_unknown_suite_or_a_file_as_output_dir_is_refus
 def test_table_marks_an_optimizer_whose_every_setting_diverged(evaluate_script):
     import numpy as np
     run = lambda name, lr, final: {"optimizer": name, "learning_rate": lr, "losses": np.full((2, 10), final),
-                                   "evals": np.ones(2)}
+                                   "evals": np.ones(2), "valids": np.full(2, final)}
     results = {"t": [run("learned", float("nan"), 1.0), run("adam", 1e-3, np.nan), run("adam", 1e-2, np.inf),
                       run("sgdm", 1e-2, 2.0)]}
     table = evaluation.markdown_table(results, 10)
@@ -282,8 +300,9 @@ def test_curves_of_positive_losses_get_a_log_axis_with_a_positive_bottom(evaluat
     figures = []
     monkeypatch.setattr(plt, "close", figures.append)  # keep the figure to inspect it
     losses = np.exp(-np.linspace(0.0, 5.0, 20))[None, :] * np.array([[1.0], [2.0]])  # [seeds, steps] > 0
-    runs = [{"optimizer": "learned", "learning_rate": float("nan"), "losses": losses, "evals": np.ones(2)},
-            {"optimizer": "adam", "learning_rate": 0.01, "losses": 2 * losses, "evals": np.ones(2)}]
+    runs = [{"optimizer": "learned", "learning_rate": float("nan"), "losses": losses, "evals": np.ones(2),
+             "valids": np.ones(2)},
+            {"optimizer": "adam", "learning_rate": 0.01, "losses": 2 * losses, "evals": np.ones(2), "valids": np.ones(2)}]
     evaluation.plot_curves(str(tmp_path / "curves.png"), {"quadratic": runs})
     ax = figures[0].axes[0]
     assert ax.get_yscale() == "log"

@@ -8,10 +8,12 @@ import pytest
 from outer_trainers.evaluation import aggregate, protocol, scores
 
 
-def _run(losses, evals=None, name="x", lr=float("nan")):
+def _run(losses, evals=None, name="x", lr=float("nan"), valids=None):
+    """A run dict; its validation losses are its test losses unless given."""
     losses = np.asarray(losses, np.float64)
-    return {"optimizer": name, "learning_rate": lr, "losses": losses,
-            "evals": np.ones(losses.shape[0]) if evals is None else np.asarray(evals, np.float64)}
+    evals = np.ones(losses.shape[0]) if evals is None else np.asarray(evals, np.float64)
+    return {"optimizer": name, "learning_rate": lr, "losses": losses, "evals": evals,
+            "valids": evals if valids is None else np.asarray(valids, np.float64)}
 
 
 def _ratio_strata(rng, num_tasks, num_seeds, spread=0.2):
@@ -115,15 +117,22 @@ def test_summarize_reports_iqm_and_interval_of_every_metric():
 
 
 def test_performance_profile_ratios_to_the_best_optimizer_per_task():
-    flat = lambda v, name, lr=float("nan"): _run(np.full((2, 10), v), name=name, lr=lr)
-    results = {"a": [flat(1.0, "learned"), flat(2.0, "adam", 0.1), flat(4.0, "adam", 0.01)],
+    """On test loss, each baseline at its validation-selected rate; by="train" profiles the final train loss."""
+    def flat(train, name, lr=float("nan"), test=None, valid=None):
+        test = train if test is None else test
+        return _run(np.full((2, 10), train), evals=[test] * 2, name=name, lr=lr,
+                    valids=[test if valid is None else valid] * 2)
+    # task a: Adam's train-best rate (0.01) is not its validation-best (0.1); the learned optimizer wins on train only
+    results = {"a": [flat(1.0, "learned", test=3.0), flat(2.0, "adam", 0.1), flat(0.5, "adam", 0.01, test=4.0)],
                "b": [flat(3.0, "learned"), flat(1.5, "adam", 0.1), flat(np.nan, "adam", 1.0)],
                "c": [flat(np.inf, "learned"), flat(0.5, "adam", 0.1)]}
     p = aggregate.performance_profile(results)
     assert p["tasks"] == ["a", "b", "c"]
-    assert p["ratios"] == {"learned": [1.0, 2.0, math.inf], "adam": [2.0, 1.0, 1.0]}
-    assert p["taus"] == [1.0, 2.0]
-    assert p["fractions"] == {"learned": [1 / 3, 2 / 3], "adam": [2 / 3, 1.0]}
+    assert p["ratios"] == {"learned": [1.5, 2.0, math.inf], "adam": [1.0, 1.0, 1.0]}
+    assert p["taus"] == [1.0, 1.5, 2.0]
+    assert p["fractions"] == {"learned": [0.0, 1 / 3, 2 / 3], "adam": [1.0, 1.0, 1.0]}
+    train = aggregate.performance_profile(results, by="train")
+    assert train["ratios"] == {"learned": [1.0, 2.0, math.inf], "adam": [2.0, 1.0, 1.0]}
     assert scores.loss_ratio(0.0, 0.0) == 1.0 and scores.loss_ratio(1.0, 0.0) == math.inf
 
 
@@ -225,7 +234,8 @@ def test_an_exploded_held_out_loss_is_flagged_per_seed_and_named_in_the_report()
     summary = {"learned vs adam": aggregate.summarize({"a": c_blown, "b": c_fine})}
     assert summary["learned vs adam"]["eval_exploded"] == ["a"]
     table = report.comparison_tables({"learned vs adam": {"a": c_blown, "b": c_fine}}, summary)
-    header, _, row = table.splitlines()[:3]
+    title, _, header, _, row = table.splitlines()[:5]
+    assert title.startswith("**Test loss at the end of training**")
     assert header.endswith("| collapsed on | held-out exploded on |") and row.endswith("| none | a |")
     assert "| a | " in table and " (exploded) |" in table.split("| a | ")[1].splitlines()[0]
     assert " (exploded)" not in table.split("| b | ")[1].splitlines()[0]

@@ -38,7 +38,7 @@ def test_compare_optimizers_picks_the_best_adam_by_the_protocol():
     adam = [k for k in res if k.startswith("adam(")]
     assert len(adam) >= 7  # a 2-point grid is first spread to 7 log-spaced rates, 1e-4 .. 1e-1
     assert {"adam(lr=0.0001)", "adam(lr=0.1)", "learned", "best_adam", "protocol"} <= set(res)
-    best = min(adam, key=lambda k: res[k]["final_train_median"])
+    best = min(adam, key=lambda k: res[k]["valid_median"])  # the rate of lowest median validation loss
     assert res["best_adam"] == best and res["protocol"]["grid_edge"] is None  # extended until the best is inside
     assert len(res["learned"]["curve"]) == 15
     c = res["protocol"]["compare"]
@@ -46,31 +46,41 @@ def test_compare_optimizers_picks_the_best_adam_by_the_protocol():
     table = ot.format_comparison(res, 15)
     assert "| learned |" in table and f"| {best} (best Adam) |" in table and "speedup" in table
     learned = res["learned"]
-    assert f"| learned | {learned['final_train_median']:.3g} | {learned['final_train']:.3g} | {learned['eval']:.3g} |" in table
+    assert (f"| learned | {learned['final_train_median']:.3g} | {learned['final_train']:.3g} | "
+            f"{learned['valid_median']:.3g} | {learned['eval']:.3g} |") in table
     tiny = {**res, "learned": {**learned, "final_train_median": 1.234e-6}}
     assert "| learned | 1.23e-06 |" in ot.format_comparison(tiny, 15)  # small losses keep their digits
 
 
-def test_best_runs_takes_the_lowest_median_final_loss_and_a_diverged_run_loses():
+def test_best_runs_takes_the_lowest_median_final_validation_loss_and_a_diverged_run_loses():
     curve = lambda *finals: np.asarray(finals, np.float64)[:, None] * np.ones((1, 10))
-    runs = [{"optimizer": "learned", "losses": curve(5.0, 5.0, 5.0)},
-            {"optimizer": "adam", "losses": curve(1.0, 1.0, 100.0)},   # lowest median (1), not lowest mean
-            {"optimizer": "adam", "losses": curve(2.0, 2.0, 2.0)},     # lowest mean (2)
-            {"optimizer": "adam", "losses": curve(0.1, 0.1, np.nan)},  # diverged on one task: loses
-            {"optimizer": "sgd", "losses": curve(np.inf, 1.0, 1.0)},
-            {"optimizer": "sgd", "losses": curve(np.nan, 1.0, 1.0)}]   # all diverged: the first, marked
+    run = lambda name, train, valid: {"optimizer": name, "losses": curve(*train), "valids": np.asarray(valid, float)}
+    runs = [run("learned", (5.0, 5.0, 5.0), (5.0, 5.0, 5.0)),
+            run("adam", (0.1, 0.1, 0.1), (3.0, 3.0, 3.0)),          # lowest train loss: over-fits
+            run("adam", (1.0, 1.0, 1.0), (1.0, 1.0, 100.0)),        # lowest median validation loss (1)
+            run("adam", (1.0, 1.0, 1.0), (2.0, 2.0, 2.0)),          # lowest mean validation loss (2)
+            run("adam", (1.0, 1.0, 1.0), (0.1, 0.1, np.nan)),       # validation diverged on one seed: loses
+            run("adam", (0.01, 0.01, np.nan), (0.1, 0.1, 0.1)),     # train diverged on one seed: loses
+            run("sgd", (1.0, 1.0, 1.0), (np.inf, 1.0, 1.0)),
+            run("sgd", (1.0, 1.0, 1.0), (np.nan, 1.0, 1.0))]        # all diverged: the first, marked
     best = ot.best_runs(runs)
     assert list(best) == ["learned", "adam", "sgd"]
-    assert best["learned"] is runs[0] and best["adam"] is runs[1]
-    assert best["sgd"] == {**runs[4], "diverged": True} and "diverged" not in runs[4]  # a marked copy
+    assert best["learned"] is runs[0] and best["adam"] is runs[2]
+    assert best["sgd"] == {**runs[6], "diverged": True} and "diverged" not in runs[6]  # a marked copy
     assert not any("diverged" in best[k] for k in ("learned", "adam"))
+    assert ot.best_runs(runs, by="train")["adam"] is runs[1]   # the old rule picks the over-fitting rate
+    with pytest.raises(ValueError, match="no validation losses"):
+        ot.best_runs([{"optimizer": "adam", "losses": curve(1.0)}])
+    with pytest.raises(ValueError, match="by must be one of"):
+        ot.best_runs(runs, by="test")
 
 
 def _fake(monkeypatch, adam_finals):
     """compare_optimizers on fake runs: a learned optimizer and one Adam run per final loss (2 tasks, 10 steps)."""
     curve = lambda final: np.full((2, 10), final)
-    learned = {"optimizer": "learned", "learning_rate": float("nan"), "losses": curve(1.0), "evals": np.ones(2)}
-    adam = [{"optimizer": "adam", "learning_rate": lr, "losses": curve(f), "evals": np.ones(2)}
+    learned = {"optimizer": "learned", "learning_rate": float("nan"), "losses": curve(1.0), "evals": np.ones(2),
+               "valids": np.ones(2)}
+    adam = [{"optimizer": "adam", "learning_rate": lr, "losses": curve(f), "evals": np.ones(2), "valids": np.full(2, f)}
             for lr, f in zip((1e-3, 1e-2), adam_finals)]
     monkeypatch.setattr(comparison, "run_fixed", lambda *a, **k: learned)
     monkeypatch.setattr(comparison, "tune_learning_rate", lambda *a, **k: adam)

@@ -12,10 +12,12 @@ from outer_trainers.evaluation import protocol
 from outer_trainers.evaluation.task_trainer import make_task_trainer, sample_cfgs
 
 
-def _run(name, losses, evals=None, lr=float("nan")):
+def _run(name, losses, evals=None, lr=float("nan"), valids=None):
+    """A run dict; its validation losses are its final train losses unless given."""
     losses = np.asarray(losses, np.float64)
     return {"optimizer": name, "learning_rate": lr, "losses": losses,
-            "evals": np.ones(losses.shape[0]) if evals is None else np.asarray(evals, np.float64)}
+            "evals": np.ones(losses.shape[0]) if evals is None else np.asarray(evals, np.float64),
+            "valids": protocol.final_loss(losses) if valids is None else np.asarray(valids, np.float64)}
 
 
 def test_smoothed_is_the_trailing_mean_of_final_loss():
