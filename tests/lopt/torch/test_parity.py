@@ -9,7 +9,8 @@ statistics, fan-in) would fail. Two errors are measured per tensor after 100 ste
   ≤ ~4e-7 for Celo2LOpt, whose Newton–Schulz iteration amplifies rounding: optax's own float32
   orthogonalization is ~1e-6 from float64's);
 - relative to the distance travelled: max |p_torch − p_jax| / max |p_jax − p_0|, a much stricter
-  measure because the updates are small next to the weights; required ≤ 1e-4 (measured ≤ ~6e-6).
+  measure because the updates are small next to the weights; required ≤ 1e-4 (measured ≤ ~6e-6;
+  ≤ ~1.2e-5 for Celo, whose learned scheduler's loss features amplify rounding).
   The two float32 programs differ in rounding only (XLA's and torch's tanh, exp, pow, matmul and
   summation orders differ in the last bit).
 """
