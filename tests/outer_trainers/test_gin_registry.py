@@ -173,8 +173,13 @@ def test_gin_scoped_estimators_on_several_families():
     for e in ests:
         assert isinstance(e, ot.TruncatedPES) and e.num_tasks == 2 and e.trunc_length == 5
         assert e.truncated_step.learned_opt is base.learned_opt and e.truncated_step.trunc_sched is base.trunc_sched
+        assert e.truncated_step.meta_loss_split is None  # the run's
     with pytest.raises(TypeError, match="task_family must be a tasks.TaskFamily"):
         ot.estimator_on_family(base, task_family="digits", estimator=ot.TruncatedPES)
+    # an estimator's own meta-loss split reaches its truncated step (a family without data refuses one)
+    with pytest.raises(ValueError, match="meta_loss_split='outer_valid' needs a task family with data"):
+        ot.estimator_on_family(base, task_family=tasks.QuadraticFamily(dim=3), estimator=ot.TruncatedPES,
+                               meta_loss_split="outer_valid")
 
 
 def test_a_renamed_train_binding_is_refused_naming_its_new_name():
