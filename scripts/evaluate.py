@@ -13,29 +13,38 @@ each task's step budget and is not tuned. A suite (`tasks.suites`, e.g. heldout-
 the tasks, their step budgets, seeds and eval split; `--task` (a gin-style constructor call of a
 public tasks class; a family draws one task per seed) takes `--num_steps` and `--num_seeds`.
 
-The protocol is outer_trainers.evaluation.protocol's: every baseline (`--baselines`, default adam,
-adamw (weight decay 1e-2), muon (optax.contrib.muon: weight matrices and conv kernels
-orthogonalised, embeddings and vectors by Adam) and sgdm = SGD with momentum 0.9) is trained per
-task at each rate of a 7-point log-spaced grid (Adam, AdamW 1e-4..1e-1; Muon, SGD 1e-3..1) for
-every seed, all rates and seeds in one jitted program, and the grid is extended while the best rate
-(lowest median final train loss over seeds; a diverged seed loses) lies on its edge. Each optimizer
-is then scored against each tuned baseline: final train loss (mean of the last 10% of steps),
-held-out loss on the eval split ("test") after training, their ratios, time to reach the
-baseline's final train loss and the speedup, and the steps the baseline needs to reach the
-optimizer's final train loss over the budget (VeLOdrome; "> budget" when it does not); the summary
-counts wins per metric and gives the interquartile means (IQM) of the ratios, speedups and
-VeLOdrome ratios with 95% stratified-bootstrap intervals, and the tasks on which an optimizer
-diverged or collapsed (ended no better than the task's trivial loss, where the task declares one).
-Writes to output_dir (refusing to replace an earlier evaluation's files unless --overwrite):
+The protocol is outer_trainers.evaluation.protocol's: held-out first. Every run trains on a task's
+train split and measures, in the same jitted program, its validation loss ("inner_valid", at 20
+evenly spaced steps, the last at the end) and its test loss on the eval split ("test"; and test
+accuracy for image classifiers) after training. Every baseline (`--baselines`, default adam, adamw
+(weight decay 1e-2), muon (optax.contrib.muon: weight matrices and conv kernels orthogonalised,
+embeddings and vectors by Adam) and sgdm = SGD with momentum 0.9) is trained per task at each rate of
+a 7-point log-spaced grid (Adam, AdamW 1e-4..1e-1; Muon, SGD 1e-3..1) for every seed, all rates and
+seeds in one jitted program; its rate is the one of lowest median final VALIDATION loss over seeds
+(a diverged seed loses), the grid extended while that rate lies on its edge. Test data never enters
+tuning. Each optimizer is then scored against each tuned baseline. The headline is the TEST loss at
+the end of training: wins, the interquartile mean (IQM) of the test-loss ratio with its 95%
+stratified-bootstrap interval, the held-out VeLOdrome ratio (the steps the baseline's validation
+curve needs to reach the optimizer's final validation loss, over the budget; "> budget" when it
+does not) and the performance profile on test loss. Train loss is the secondary table: final
+train loss (mean of the last 10% of steps), its ratio, time to reach the baseline's final train
+loss and the speedup. With adamw among the baselines, every optimizer's time to reach tuned
+AdamW's final validation loss is reported in steps and wall-clock seconds (its measured time per
+training step x the step; evaluate.time_steps = False skips the measurement). The summary also
+names the tasks on which an optimizer diverged or collapsed (ended no better than the task's
+trivial loss, where the task declares one). Writes to output_dir (refusing to replace an earlier
+evaluation's files unless --overwrite):
 
     results.json  everything below, machine-readable (non-finite numbers as null, with flags)
-    results.md    the summary table, the per-task tables and the performance profile in numbers
-    results.csv   task, optimizer, learning_rate, seed, final_train_loss, eval_loss for every run
+    results.md    the test-loss summary, the train-loss summary, the per-task tables, the
+                  performance profile in numbers and the time to target
+    results.csv   task, optimizer, learning_rate, seed, final_train_loss, valid_loss, test_loss,
+                  test_accuracy for every run
     curves.png    per task: train-loss curves (median over seeds, min-max band) of each optimizer
                   and each baseline at its best rate                       (not with --no_plots)
-    curves.npz    every curve, [seeds, steps] per (task, optimizer, lr)
-    performance_profile.png  per optimizer, the fraction of tasks whose final train loss is within
-                  a factor tau of the best optimizer's, over tau          (not with --no_plots)
+    curves.npz    every curve, [seeds, steps] per (task, optimizer, lr), and the validation curves
+    performance_profile.png  per optimizer, the fraction of tasks whose test loss is within a
+                  factor tau of the best optimizer's, over tau            (not with --no_plots)
 
 Every argument is checked, and every suite task's data loaded, before any training or file is
 written (`check_arguments`).
@@ -115,7 +124,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--num_seeds", type=int, help="task draws per --task task (sets evaluate.num_seeds)")
     p.add_argument("--gin_file", action="append", default=[], help="gin config file (repeatable)")
     p.add_argument("--gin_param", action="append", default=[],
-                   help="gin binding, e.g. 'evaluate.num_steps = 100' or 'BaselineTuning.max_extensions = 0'")
+                   help="gin binding, e.g. 'evaluate.num_steps = 100', 'BaselineTuning.max_extensions = 0', "
+                        "'evaluate.valid_split = \"outer_valid\"' or 'evaluate.time_steps = False'")
     p.add_argument("--stress_steps", type=int,
                    help="instead of the comparison, the stability check: each learned optimizer trains every task "
                         "this many steps (told this horizon); fails when a loss goes non-finite, ends above its start "
