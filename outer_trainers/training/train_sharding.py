@@ -23,7 +23,7 @@ and axis names as automatic. Load a shipped learned optimizer with `layout="shar
 its update is computed in each parameter's own shape and stays split (`lopt.parts.layout`);
 another layout computes the same update but gathers each tensor first. Checkpoints hold whole
 arrays (gathered to the host when written) and are split again when a run resumes, so a run
-may resume on another mesh or on one device.
+may resume on another mesh or on one device; the mesh therefore holds this process's devices only.
 """
 from __future__ import annotations
 
@@ -86,6 +86,9 @@ class ParamSharding:
             object.__setattr__(self, "axis", names[0])
         elif self.axis not in names:
             raise ValueError(f"axis {self.axis!r} is not an axis of the mesh, whose axes are {names}")
+        if any(d.process_index != jax.process_index() for d in self.mesh.devices.flat):
+            raise ValueError("ParamSharding's mesh must hold only this process's devices (jax.local_devices()): "
+                             "checkpoints gather every leaf to this host")
         if self.min_size < 0:
             raise ValueError(f"min_size must be >= 0, got {self.min_size}")
         if any(t != AxisType.Auto for t in self.mesh.axis_types):  # same devices and names, automatic axes
