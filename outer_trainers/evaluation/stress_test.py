@@ -88,8 +88,8 @@ def stress_test(output_dir: str, *, stress_steps: int, optimizers: Sequence[str]
         out[name] = {}
         for opt in opts:
             t0 = time.perf_counter()
-            run = run_learned(opt, family, stress_steps, cfgs, run_keys, eval_split=split,
-                              sequential=True)  # long runs: one seed at a time keeps memory flat
+            run = run_learned(opt, family, stress_steps, cfgs, run_keys, eval_split=split, valid_split=split,
+                              sequential=True)  # long runs: one seed at a time keeps memory flat; no tuning here
             st = stability(run, trivial, collapse_margin)
             out[name][opt["label"]] = {**st, "seeds": list(seeds), "seconds": time.perf_counter() - t0}
             if not st["all_ok"]:
