@@ -3,6 +3,7 @@
     python scripts/benchmark_torch.py                          # 1M and 10M MLPs and the tiny GPT-2, a markdown table
     python scripts/benchmark_torch.py --sizes 1M gpt2 --repeats 30 --threads 1
     python scripts/benchmark_torch.py --widths 64,32,10 --repeats 3   # any MLP
+    python scripts/benchmark_torch.py --sizes 1M --optimizers torch.optim.AdamW "lopt.torch normmlp_v3"
 
 The models: MLPs of torch nn.Linear layers (the widths of scripts/benchmark_optimizers.py: ~1.0M
 and ~9.5M float32 parameters) and "gpt2", a GPT-2 built from a config (2 layers, width 128, byte
@@ -167,12 +168,15 @@ def main(argv: Optional[Sequence[str]] = None) -> str:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--optimizers", nargs="+", default=None,
+                    help="the optimizers to time, by their table names (default: all; AdamW foreach first for the ratios)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     models = {"custom": tuple(int(w) for w in args.widths.split(","))} if args.widths else \
         {s: MODELS[s] for s in args.sizes}
-    results = {label: bench_size(w, args.repeats, args.warmup, args.device) for label, w in models.items()}
+    results = {label: bench_size(w, args.repeats, args.warmup, args.device, args.optimizers)
+               for label, w in models.items()}
     where = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     table = (f"torch {torch.__version__}, {args.device} ({where}), {torch.get_num_threads()} threads, "
              f"median of {args.repeats} interleaved steps\n\n" + markdown_table(results))

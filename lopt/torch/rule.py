@@ -112,6 +112,9 @@ class Rule:
     requires_horizon: bool = False
     #: whether `init_state` takes a parameter group's `role` (`lopt.param_roles` kinds) as role=
     reads_roles: bool = False
+    #: whether the state's "momenta" are only read through `lopt.torch.parts.moment_features.FlatLeaf`, so
+    #: that they may be stored in a lower precision (the optimizer's `momentum_dtype`)
+    flat_momenta: bool = False
 
     def __init__(self, learned_opt: Any, theta: Any):
         self.learned_opt = learned_opt

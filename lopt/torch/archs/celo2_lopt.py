@@ -62,6 +62,7 @@ class Celo2LOptRule(Rule):
       theta: its meta-parameters (numpy arrays).
     """
 
+    flat_momenta = True
     reads_loss = True
     reads_roles = True
 
@@ -96,8 +97,9 @@ class Celo2LOptRule(Rule):
         idx = lo.momentum_index
         beta = lo.decays[idx]
         t1 = ctx.steps + 1.0
-        bc_m = 1.0 - pow_f32(beta, t1 + 1.0, ctx.dtype)  # the momentum's, one step ahead (Nesterov)
-        bc_g = 1.0 - pow_f32(beta, t1, ctx.dtype)
+        # b = c_m m_β + c_g g: the momentum bias-corrected one step ahead (Nesterov), the gradient at t + 1
+        c_m = beta / (1.0 - pow_f32(beta, t1 + 1.0, ctx.dtype))
+        c_g = (1.0 - beta) / (1.0 - pow_f32(beta, t1, ctx.dtype))
         bc_v = 1.0 - pow_f32(lo.rms_decay, t1, ctx.dtype)
         fade = None  # the learned residual's horizon factor per item, where one is set
         if lo.horizon_reference > 0 and lo.residual_horizon_power > 0:
@@ -113,11 +115,9 @@ class Celo2LOptRule(Rule):
             leaf = FlatLeaf(it, ctx.dtype, self.spec, idx, self.ws)
             sums = leaf.accumulate_and_sum(decays, lo.rms_decay, want_sums=ortho)
             nesterov = self.ws.get("nesterov", (leaf.n,), ctx.dtype, ctx.device)
-            torch.mul(leaf.m[idx], beta, out=nesterov).div_(bc_m[i])
-            nesterov.add_(torch.mul(leaf.g, 1.0 - beta, out=self.ws.get("g_term", (leaf.n,), ctx.dtype,
-                                                                          ctx.device)).div_(bc_g[i]))
+            torch.mul(leaf.m[idx], c_m[i], out=nesterov).addcmul_(leaf.g, c_g[i])
             if ortho:
-                nesterov.div_(torch.sqrt(torch.mean(torch.square(nesterov))) + consts["norm_eps"])
+                nesterov.div_(torch.sqrt(torch.dot(nesterov, nesterov) / leaf.n) + consts["norm_eps"])
                 w1t = (mlp["input"]["w"] * torch.rsqrt(sums / leaf.n + consts["eps"])[:, None]).t().contiguous()
 
                 def direction(o, s, e, out):  # b / (rms(b) + ε_norm) + MLP(x) (times the fade)
@@ -134,4 +134,4 @@ class Celo2LOptRule(Rule):
                 step = step.add_(torch.mul(leaf.p.view(shape), lo.weight_decay))
             if lam is not None and is_decayed(role, lo.wd_roles):
                 step = step.add_(torch.mul(leaf.p.view(shape), lam))
-            yield step.mul_(lr).neg_()
+            yield step.mul_(-lr)

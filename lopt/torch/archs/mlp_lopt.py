@@ -34,6 +34,8 @@ class MLPLOptRule(Rule):
       theta: its meta-parameters (numpy arrays).
     """
 
+    flat_momenta = True
+
     def init_state(self, param, axes, dtype):
         return param_state(self.spec, param, axes, dtype)
 

@@ -49,6 +49,7 @@ class NormMLPLOptRule(Rule):
       theta: its meta-parameters (numpy arrays).
     """
 
+    flat_momenta = True
     reads_loss = True
     reads_roles = True
 
@@ -133,5 +134,5 @@ class NormMLPLOptRule(Rule):
                 if lo.normalize_update:
                     u = u.div_(torch.sqrt(torch.mean(torch.square(u))) + consts["norm_eps"])
                 u = u.clamp_(-lo.clip_value, lo.clip_value)
-            u = u.mul_(lr).mul_(it.state[scale_key]).neg_()  # −(η · u) · ρ
+            u = u.mul_(-(lr * it.state[scale_key]))  # −η ρ u
             yield u.view(shape)

@@ -31,6 +31,7 @@ class RNNMLPLOptRule(Rule):
       theta: its meta-parameters (numpy arrays).
     """
 
+    flat_momenta = True
     reads_loss = True
 
     def init_state(self, param, axes, dtype):

@@ -105,7 +105,8 @@ class FlatLeaf:
     """One tensor's MLPLOpt-style accumulators as flat views, walked in blocks.
 
     Args:
-      item: the parameter (its state holds "momenta" [K, *shape] and "second_moment" [*shape]).
+      item: the parameter (its state holds "momenta" [K, *shape], in the compute dtype or a lower
+        precision, and "second_moment" [*shape]).
       dtype: the compute dtype.
       spec: the architecture's spec (its feature order and "eps").
       mom_idx: the index of the momentum closest to 0.9.
@@ -117,7 +118,11 @@ class FlatLeaf:
         self.g = item.grad.detach().reshape(-1).to(dtype)
         self.p = item.param.detach().reshape(-1).to(dtype)
         self.k = item.state["momenta"].shape[0]
-        self.m = item.state["momenta"].view(self.k, self.n)
+        stored = item.state["momenta"].view(self.k, self.n)
+        # momenta stored in a lower precision (the optimizer's momentum_dtype) are updated and read in `dtype`
+        # and stored back rounded once per step, by `accumulate_and_sum`
+        self._stored = stored if stored.dtype != dtype else None
+        self.m = stored if self._stored is None else stored.to(dtype)
         self.v = item.state["second_moment"].view(self.n)
         self.chunk = item.chunk
         self.mom_idx = mom_idx
@@ -145,18 +150,34 @@ class FlatLeaf:
 
     def accumulate_and_sum(self, decays: torch.Tensor, rms_decay: float, want_sums: bool = True) -> torch.Tensor:
         """Updates the accumulators block by block and returns Σ x_f² over the tensor ([F]; zeros
-        unless `want_sums`)."""
+        unless `want_sums`).
+
+        The sums are read from the accumulators without writing the features: Σg², Σp², Σm_k², Σv
+        (for Σ(√v)²), Σg²/(v+ε) and Σm_idx²/(v+ε), equal to the features' up to rounding."""
         sums = torch.zeros((self.num_features,), dtype=self.g.dtype, device=self.g.device)
         one_minus = 1.0 - decays
+        if want_sums:
+            i_g, i_p, i_m, i_sqrt, i_g_v, i_m_v = _rows(tuple(self.features_order), self.k)
+            rows = torch.tensor([i_g, i_p, *range(i_m.start, i_m.stop), i_sqrt, i_g_v, i_m_v], device=sums.device)
         for s, e in self.blocks():
-            g, v = self.g[s:e], self.v[s:e]
-            self.m[:, s:e].mul_(decays[:, None]).addcmul_(one_minus[:, None], g[None, :])
+            g, v, m = self.g[s:e], self.v[s:e], self.m[:, s:e]
+            m.mul_(decays[:, None]).addcmul_(one_minus[:, None], g[None, :])
             g2 = torch.mul(g, g, out=self.scratch("square", 1, s, e)[0])
-            v.mul_(rms_decay).add_(g2.mul_(1.0 - rms_decay))
+            v.mul_(rms_decay).add_(g2, alpha=1.0 - rms_decay)
             if want_sums:
-                x = self.features(s, e)
-                sums += torch.sum(torch.mul(x, x, out=self.scratch("squares", self.num_features, s, e)), dim=1)
+                sums.index_add_(0, rows, self._block_sums(g2, self.p[s:e], m, v, s, e))
+        if self._stored is not None:
+            self._stored.copy_(self.m)
         return sums
+
+    def _block_sums(self, g2: torch.Tensor, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, s: int,
+                    e: int) -> torch.Tensor:
+        """[Σg², Σp², Σm_1²..Σm_K², Σv, Σg²/(v+ε), Σm_idx²/(v+ε)] of one block, [F]."""
+        inv = torch.add(v, self.eps, out=self.scratch("inv_v", 1, s, e)[0]).reciprocal_()
+        m_idx = m[self.mom_idx]
+        m2 = torch.mul(m_idx, m_idx, out=self.scratch("m_sq", 1, s, e)[0])
+        return torch.stack([g2.sum(), torch.dot(p, p), *(torch.dot(row, row) for row in m), v.sum(), torch.dot(g2, inv),
+                            torch.dot(m2, inv)])
 
     def mlp_map(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], fn) -> torch.Tensor:
         """[n]: fn(MLP output [out, c], s, e, out=[c]) written block by block (`lopt.torch.parts.nn.mlp_columns`)

@@ -37,10 +37,10 @@ def newton_schulz(x: torch.Tensor, constants: Mapping) -> torch.Tensor:
         x = x.t()
     x = x / (torch.linalg.vector_norm(x) + constants["ns_eps"])
     a_, b_, c_ = (torch.tensor(c, dtype=torch.float32).to(x.dtype).item() for c in constants["ns_coeffs"])
-    for _ in range(constants["ns_steps"]):
+    for _ in range(constants["ns_steps"]):  # three GEMMs a step, the scalings folded into them
         a = x @ x.t()
-        b = b_ * a + c_ * (a @ a)
-        x = a_ * x + b @ x
+        b = torch.addmm(a, a, a, beta=b_, alpha=c_)
+        x = torch.addmm(x, b, x, beta=a_)
     return x.t() if transposed else x
 
 

@@ -83,6 +83,6 @@ class OvershootBrake:
         Returns:
           The braked Δp_t in the parameter's dtype.
         """
-        step = update.to(torch.float32) * alpha.to(update.device)
-        param_state["prev_update"] = step
-        return step.to(update.dtype)
+        prev = param_state["prev_update"]  # overwritten in place: no fresh tensor per step
+        torch.mul(update.to(torch.float32), alpha.to(update.device), out=prev)
+        return prev.to(update.dtype)
