@@ -37,6 +37,12 @@ from outer_trainers.learner.run_records import estimator_labels
 logger = logging.getLogger("outer_trainers")
 
 
+def stall_warning_s(stall_timeout_s: float) -> float:
+    """Seconds without any worker answering, while some restart, after which the loop warns once (naming
+    them) before `stall_timeout_s` stops the run: a tenth of it, at most a minute."""
+    return min(60.0, stall_timeout_s / 10)
+
+
 def _numpy(tree: Any) -> Any:
     return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
 
@@ -117,6 +123,7 @@ class LearnerLoop:
         self.dispatches = 0
         self.eval_pending: dict = {}
         self._last_answer = time.monotonic()
+        self._stall_warned = False
         self.timing: dict = {}
         keys = particle_keys(seed, state, self.K)
         for w, indices in enumerate(pool.assignment):
@@ -138,14 +145,25 @@ class LearnerLoop:
                 time.sleep(retry_in)
                 return []
             timeout = min(timeout, retry_in)
+        if not self._stall_warned and any(self.pool.recovering):  # wake up in time to say that the run waits
+            timeout = min(timeout, max(0.0, self._last_answer + stall_warning_s(self.stall_timeout_s) - time.monotonic()))
         events = self.pool.wait(timeout, num_returns=num_returns)
         now = time.monotonic()
         if any(e.kind != "failed" for e in events):
-            self._last_answer = now
+            self._last_answer, self._stall_warned = now, False
         elif now - self._last_answer > self.stall_timeout_s:
             raise RuntimeError(f"no worker answered for {self.stall_timeout_s:g} s ({self.pool.in_flight()} calls in "
                                f"flight, {sum(self.pool.ready)} of {len(self.pool)} workers ready): the cluster may "
                                f"lack the resources to (re)start them")
+        elif (not self._stall_warned and any(self.pool.recovering)
+              and now - self._last_answer >= stall_warning_s(self.stall_timeout_s)):
+            self._stall_warned = True
+            restarting = [w for w in range(len(self.pool)) if self.pool.recovering[w]]
+            logger.warning("no worker has answered for %.0f s at step %d while workers %s restart (%d of %d ready): "
+                           "a restarted worker needs a free CPU on some node, and a synchronous step waits for every "
+                           "worker. The run stops with an error after stall_timeout_s = %g s without an answer",
+                           now - self._last_answer, self.version, restarting, sum(self.pool.ready), len(self.pool),
+                           self.stall_timeout_s)
         for e in events:
             if e.kind == "failed" and e.payload == "estimate":
                 logger.warning("worker %d failed (%s): its in-flight estimate is lost; restarting it at step %d",

@@ -1,6 +1,7 @@
 """ray_outer_train: synchronous mode equals outer_train; asynchronous mode; resume; no recompiles."""
 import functools
 import os
+import time
 import types
 
 import jax
@@ -210,3 +211,54 @@ def test_ray_workers_settings_are_checked_values():
         RayWorkers(num_estimates_per_step=0)
     with pytest.raises(TypeError, match="workers must be a RayWorkers"):
         ray_outer_train(lambda: None, 2, num_workers=1, workers={"max_staleness": 1})
+
+
+class _SilentPool:
+    """A WorkerPool double whose calls never answer; worker 1 is restarting when `restarting`."""
+
+    def __init__(self, restarting):
+        self.ready, self.busy, self.recovering = [True, not restarting], [True, False], [False, restarting]
+        self.waits = []
+
+    def __len__(self):
+        return 2
+
+    def due_resets(self):
+        return []
+
+    def next_reset_in(self):
+        return None
+
+    def in_flight(self):
+        return 1
+
+    def wait(self, timeout_s, num_returns=1):
+        self.waits.append(timeout_s)
+        return []
+
+
+@pytest.mark.parametrize("restarting", [True, False])
+def test_a_run_waiting_on_restarting_workers_says_so_once_then_stops(restarting, caplog):
+    """Silence while a worker restarts is warned about once, naming it, after stall_warning_s; silence while
+    every worker computes (e.g. a long first compile) is not; silence past stall_timeout_s stops the run."""
+    from outer_trainers.distributed import learner_loop
+    loop = object.__new__(LearnerLoop)
+    loop.pool, loop.stall_timeout_s, loop.version, loop._stall_warned = _SilentPool(restarting), 100.0, 7, False
+    assert learner_loop.stall_warning_s(100.0) == 10.0 and learner_loop.stall_warning_s(3600.0) == 60.0
+    loop._last_answer = time.monotonic() - 4.0
+    with caplog.at_level("WARNING", logger="outer_trainers"):
+        loop._wait()
+        assert not caplog.records  # 4 s < 10 s: no warning yet
+        if restarting:  # it wakes up in time to warn
+            assert loop.pool.waits[-1] <= 6.0 + 1e-6
+        loop._last_answer = time.monotonic() - 11.0
+        loop._wait()
+        loop._wait()
+    warnings = [r.getMessage() for r in caplog.records]
+    if restarting:
+        assert len(warnings) == 1 and "workers [1] restart" in warnings[0] and "step 7" in warnings[0]
+    else:
+        assert warnings == [] and loop.pool.waits == [100.0] * 3
+    loop._last_answer = time.monotonic() - 101.0
+    with pytest.raises(RuntimeError, match="no worker answered for 100 s"):
+        loop._wait()
