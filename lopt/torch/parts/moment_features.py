@@ -154,30 +154,33 @@ class FlatLeaf:
 
         The sums are read from the accumulators without writing the features: Σg², Σp², Σm_k², Σv
         (for Σ(√v)²), Σg²/(v+ε) and Σm_idx²/(v+ε), equal to the features' up to rounding."""
-        sums = torch.zeros((self.num_features,), dtype=self.g.dtype, device=self.g.device)
-        one_minus = 1.0 - decays
-        if want_sums:
-            i_g, i_p, i_m, i_sqrt, i_g_v, i_m_v = _rows(tuple(self.features_order), self.k)
-            rows = torch.tensor([i_g, i_p, *range(i_m.start, i_m.stop), i_sqrt, i_g_v, i_m_v], device=sums.device)
+        sums = None
+        decay, one_minus = decays[:, None], (1.0 - decays)[:, None]
         for s, e in self.blocks():
             g, v, m = self.g[s:e], self.v[s:e], self.m[:, s:e]
-            m.mul_(decays[:, None]).addcmul_(one_minus[:, None], g[None, :])
+            m.mul_(decay).addcmul_(one_minus, g[None, :])
             g2 = torch.mul(g, g, out=self.scratch("square", 1, s, e)[0])
             v.mul_(rms_decay).add_(g2, alpha=1.0 - rms_decay)
             if want_sums:
-                sums.index_add_(0, rows, self._block_sums(g2, self.p[s:e], m, v, s, e))
+                part = self._block_sums(g2, self.p[s:e], m, v, s, e)
+                sums = part if sums is None else sums.add_(part)
         if self._stored is not None:
             self._stored.copy_(self.m)
-        return sums
+        return sums if sums is not None else torch.zeros((self.num_features,), dtype=self.g.dtype,
+                                                         device=self.g.device)
 
     def _block_sums(self, g2: torch.Tensor, p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, s: int,
                     e: int) -> torch.Tensor:
-        """[Σg², Σp², Σm_1²..Σm_K², Σv, Σg²/(v+ε), Σm_idx²/(v+ε)] of one block, [F]."""
+        """Σ x_f² of one block, [F] in the features' order: Σg², Σp², Σm_k², Σv, Σg²/(v+ε), Σm_idx²/(v+ε)."""
         inv = torch.add(v, self.eps, out=self.scratch("inv_v", 1, s, e)[0]).reciprocal_()
         m_idx = m[self.mom_idx]
         m2 = torch.mul(m_idx, m_idx, out=self.scratch("m_sq", 1, s, e)[0])
-        return torch.stack([g2.sum(), torch.dot(p, p), *(torch.dot(row, row) for row in m), v.sum(), torch.dot(g2, inv),
-                            torch.dot(m2, inv)])
+        i_g, i_p, i_m, i_sqrt, i_g_v, i_m_v = _rows(tuple(self.features_order), self.k)
+        sums = [None] * self.num_features
+        sums[i_g], sums[i_p], sums[i_sqrt] = g2.sum(), torch.dot(p, p), v.sum()
+        sums[i_g_v], sums[i_m_v] = torch.dot(g2, inv), torch.dot(m2, inv)
+        sums[i_m] = [torch.dot(row, row) for row in m]
+        return torch.stack(sums)
 
     def mlp_map(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], fn) -> torch.Tensor:
         """[n]: fn(MLP output [out, c], s, e, out=[c]) written block by block (`lopt.torch.parts.nn.mlp_columns`)
