@@ -94,6 +94,8 @@ class Validation:
       baseline: the tuned baseline ("adam", "adamw", "muon" or "sgdm").
       lrs: its starting learning-rate grid, >= 7 rates (None: the protocol's default grid).
       max_extensions: the most extensions of that grid past an edge holding the best rate.
+      objective: what is compared, "train" (final train loss; the baseline tuned on it) or "held_out"
+        (held-out loss after training; the baseline tuned on validation loss): `ValidationSelector`.
     """
     every: int = 0
     suite: Optional[str] = None
@@ -103,6 +105,7 @@ class Validation:
     baseline: str = "adam"
     lrs: Optional[Sequence[float]] = None
     max_extensions: int = 4
+    objective: str = "train"
 
     def __post_init__(self):
         object.__setattr__(self, "tasks", _tuple(self.tasks) or None)
@@ -118,13 +121,16 @@ class Validation:
                              f"Validation.every (outer steps between validations), or remove {given}")
         if self.suite is not None and self.tasks:
             raise ValueError("set Validation.suite or Validation.tasks, not both")
+        if self.objective not in ("train", "held_out"):
+            raise ValueError(f"Validation.objective = {self.objective!r}; use 'train' (final train loss) or "
+                             f"'held_out' (held-out loss after training, the baseline tuned on validation loss)")
         if self.suite is not None and self.suite not in suites.names():
             raise ValueError(f"Validation.suite = {self.suite!r} is not a suite; the suites are {suites.names()}")
 
     def selector_options(self) -> dict:
         """The arguments of `ValidationSelector` besides the learned optimizer, the tasks and the cache path."""
         return dict(num_steps=self.num_steps, num_seeds=self.num_seeds, baseline=self.baseline, lrs=self.lrs,
-                    max_extensions=self.max_extensions)
+                    max_extensions=self.max_extensions, objective=self.objective)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,8 @@ evaluation protocol draws them (`evaluation.task_trainer.task_draws`: seed s is 
 one initialisation, the same for every optimizer). The tuned baseline is trained once, as
 `evaluation.suite_runs.run_task` trains it for `scripts/evaluate.py`: every rate of its grid (at
 least 7 rates) for every seed, the grid extended past an edge that holds the best rate, the best
-rate picked by `tuning.best_runs` (lowest median over seeds of the final train loss). Its best run
+rate picked by `tuning.best_runs` (lowest median over seeds of the final train loss; with
+`objective="held_out"`, of the final validation loss, as `scripts/evaluate.py` tunes). Its best run
 per task is cached as JSON under a key holding everything that determines it (the tasks' specs and
 data digests, steps, seeds, eval split, the baseline, its grid and extensions); a cache whose key
 differs is recomputed (with a warning) and replaced, never reused. Each call then trains the
@@ -26,6 +27,12 @@ with theta traced, and scores it against the cached baseline. With f the final t
 
 so more wins always score higher, the IQM ratio breaks ties between equal wins (its term lies in
 [0, 0.5]), and a theta with any diverged validation run is never selected.
+
+With `objective="held_out"` f is instead each run's held-out loss after training (the task's eval
+split, "test" for a suite task: `compare_runs`' win_eval and ratio_eval) and the baseline's rate is
+chosen on its validation split, so theta_best is the theta that generalises best on the validation
+tasks rather than the one that fits their training data best. (The validation tasks are not the
+evaluation suites', so selecting on their test split leaves heldout-cpu untouched.)
 
 In a run (`outer_train(validation=selector, validation_every=N)`, `train.validation_*`), every N
 outer steps the run's result theta (`OuterTrainState.final_theta`: the moving average with
@@ -68,6 +75,7 @@ MIN_GRID_POINTS = 7  # the protocol's smallest learning-rate grid
 MOMENTUM = 0.9  # the sgdm baseline's momentum (AdamW's weight decay: tuning.ADAMW_WEIGHT_DECAY)
 DEFAULT_NUM_STEPS, DEFAULT_NUM_SEEDS = 100, 3  # for Tasks and TaskFamilies (a suite task has its own)
 _CACHE_FORMAT = "lopt.validation_baseline"
+OBJECTIVES = ("train", "held_out")  # what a selection compares: final train loss, or held-out loss after training
 
 
 def selection_score(wins: int, iqm_ratio: float, num_diverged: int) -> float:
@@ -122,6 +130,8 @@ class ValidationSelector:
       max_extensions: the most extensions of the grid past an edge holding the best rate (2 rates each).
       eval_split: the held-out split of Tasks and TaskFamilies (a suite task has its own).
       cache_path: the baseline's JSON cache (None: kept in memory only, unless a call names one).
+      objective: what is compared, "train" (the final train loss; the baseline tuned on it) or
+        "held_out" (the held-out loss after training; the baseline tuned on validation loss).
 
     Raises:
       ValueError: an unknown suite or baseline, a grid of fewer than 7 rates, no task, a bad count or
@@ -131,8 +141,10 @@ class ValidationSelector:
     def __init__(self, learned_opt: LearnedOptimizer, tasks: Union[str, Any, Sequence[Any]], *,
                  num_steps: Optional[int] = None, num_seeds: Optional[int] = None, baseline: str = "adam",
                  lrs: Optional[Sequence[float]] = None, max_extensions: int = 4, eval_split: str = "test",
-                 cache_path: Optional[str] = None):
+                 cache_path: Optional[str] = None, objective: str = "train"):
         what = "ValidationSelector"
+        if objective not in OBJECTIVES:
+            raise ValueError(f"{what}: unknown objective {objective!r}; the objectives are {OBJECTIVES}")
         if not isinstance(learned_opt, LearnedOptimizer):
             raise TypeError(f"{what}: learned_opt must be a lopt.LearnedOptimizer, got {type(learned_opt).__name__}")
         if baseline not in baseline_names():
@@ -156,7 +168,7 @@ class ValidationSelector:
                                 seeds=tuple(range(seeds)) if seeds else t.seeds) for t in plan]
         self.suite_tasks = {t.name: t for t in suites.get(suite)} if suite else {}
         self.learned_opt, self.suite, self.baseline, self.lrs = learned_opt, suite, baseline, tuple(rates)
-        self.cache_path = cache_path
+        self.cache_path, self.objective = cache_path, objective
         self._trainers, self._draws, self._key, self._baselines = None, None, None, None
         self.baseline_computations = 0  # how often the baseline was trained (not read from a cache)
 
@@ -164,12 +176,17 @@ class ValidationSelector:
         """The selection's settings, as the theta_best record states them.
 
         Returns:
-          {"suite", "tasks": [{"name", "num_steps", "seeds", "eval_split"}], "baseline", "lrs", "max_extensions"}.
+          {"suite", "tasks": [{"name", "num_steps", "seeds", "eval_split"}], "baseline", "lrs", "max_extensions"}
+          and "objective" when it is "held_out" (a "train" selection's settings, cache keys and theta_best
+          records do not name it).
         """
-        return {"suite": self.suite, "baseline": self.baseline, "lrs": list(self.lrs),
-                "max_extensions": self.max_extensions,
-                "tasks": [{"name": t.name, "num_steps": t.num_steps, "seeds": list(t.seeds), "eval_split": t.eval_split}
-                          for t in self.plan]}
+        out = {"suite": self.suite, "baseline": self.baseline, "lrs": list(self.lrs),
+               "max_extensions": self.max_extensions,
+               "tasks": [{"name": t.name, "num_steps": t.num_steps, "seeds": list(t.seeds), "eval_split": t.eval_split}
+                         for t in self.plan]}
+        if self.objective != "train":
+            out["objective"] = self.objective
+        return out
 
     def cache_key(self) -> dict:
         """Everything that determines the baseline's results (computed once; the data are hashed).
@@ -276,13 +293,14 @@ class ValidationSelector:
     def _tune(self) -> dict:
         """Trains the baseline over its grid on every task (`suite_runs.run_task`): the cache's document."""
         start, out = time.perf_counter(), {}
+        by = "valid" if self.objective == "held_out" else "train"
         for t in self.plan:
             runs, _ = run_task(t.family, t.num_steps, t.seeds, [], [self.baseline], {self.baseline: self.lrs},
                                t.eval_split, momentum=MOMENTUM, weight_decay=ADAMW_WEIGHT_DECAY,
-                               max_extensions=self.max_extensions, valid_points=1, select_by="train")
-            best = best_runs(runs, by="train")[self.baseline]
+                               max_extensions=self.max_extensions, valid_points=1, select_by=by)
+            best = best_runs(runs, by=by)[self.baseline]
             out[t.name] = {"best_lr": best["learning_rate"], "lrs_tried": [r["learning_rate"] for r in runs],
-                           "grid_edge": grid_edge(runs, self.baseline, by="train"), "diverged": bool(best.get("diverged", False)),
+                           "grid_edge": grid_edge(runs, self.baseline, by=by), "diverged": bool(best.get("diverged", False)),
                            "median_final": float(np.median(final_loss(best["losses"]))),
                            "losses": best["losses"], "evals": best["evals"]}
         self.baseline_computations += 1
@@ -320,21 +338,23 @@ class ValidationSelector:
 
         Returns:
           {"valid/wins", "valid/num_tasks", "valid/iqm_ratio", "valid/diverged", "valid/score",
-          "valid/<task>/ratio" (median-over-seeds final-loss ratio, `compare_runs`' ratio_train),
+          "valid/<task>/ratio" (median-over-seeds ratio of the compared loss: `compare_runs`' ratio_train, or
+          ratio_eval for the held-out objective),
           "valid/seconds" (of the learned runs)}: Python numbers.
         """
         base = self.baselines(cache_path)
         start = time.perf_counter()
         runs = self.runs(theta)
+        held_out = self.objective == "held_out"
+        compared = (lambda r: r["evals"]) if held_out else (lambda r: final_loss(r["losses"]))  # per seed
         out, ratios, wins, num_diverged = {}, [], 0, 0
         for name, run in runs.items():
             cmp = compare_runs(run, base[name])
-            wins += int(cmp["win_train"])
+            wins += int(cmp["win_eval"] if held_out else cmp["win_train"])
             num_diverged += int(cmp["diverged"])
-            out[f"{PREFIX}{name}/ratio"] = float(cmp["ratio_train"])
+            out[f"{PREFIX}{name}/ratio"] = float(cmp["ratio_eval"] if held_out else cmp["ratio_train"])
             ok = np.all(np.isfinite(run["losses"]), axis=-1) & np.isfinite(run["evals"])
-            per_seed = 0.0 if cmp["baseline_diverged"] else loss_ratio(final_loss(run["losses"]),
-                                                                       final_loss(base[name]["losses"]))
+            per_seed = 0.0 if cmp["baseline_diverged"] else loss_ratio(compared(run), compared(base[name]))
             ratios.extend(np.where(ok, per_seed, math.inf).tolist())
         ratio = iqm(ratios)
         out.update({f"{PREFIX}wins": wins, f"{PREFIX}num_tasks": len(runs), f"{PREFIX}iqm_ratio": ratio,

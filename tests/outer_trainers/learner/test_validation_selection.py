@@ -18,7 +18,7 @@ import pytest
 import lopt
 import outer_trainers as ot
 import tasks
-from outer_trainers.evaluation import final_loss, lr_grid, run_fixed, run_settings, task_draws
+from outer_trainers.evaluation import final_loss, lr_grid, run_fixed, run_settings, run_task, task_draws
 from outer_trainers.learner import gin_run, validation_selection as vs
 from outer_trainers.learner.run_settings import Validation
 from tests.fixtures import TINY_RUN_GIN, lopt_step, metrics_lines
@@ -309,6 +309,7 @@ def test_gin_train_validates_on_tasks_and_caches_the_baseline_in_the_run(tmp_pat
     (dict(suite="smoke"), "Validation.suite is set but Validation.every = 0"),
     (dict(every=1, suite="nope"), "Validation.suite = 'nope' is not a suite"),
     (dict(every=1, suite="smoke", tasks=[FAMILIES[0]]), "not both"),
+    (dict(every=1, suite="smoke", objective="test"), "Validation.objective = 'test'; use 'train'"),
 ])
 def test_gin_validation_bindings_are_checked(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -349,3 +350,31 @@ def test_a_suite_validates_a_learned_optimizer(tmp_path):
     assert m["valid/num_tasks"] == 3 and m["valid/wins"] == sum(m[f"valid/{t.name}/ratio"] < 1 for t in sel.plan)
     assert m["valid/score"] == vs.selection_score(m["valid/wins"], m["valid/iqm_ratio"], m["valid/diverged"])
     assert set(json.load(open(tmp_path / "cache.json"))["tasks"]) == {t.name for t in sel.plan}
+
+
+def test_the_held_out_objective_tunes_on_validation_and_scores_held_out_loss(monkeypatch):
+    """objective="held_out": the baseline's rate is the protocol's (`best_runs` on final validation loss, as
+    scripts/evaluate.py tunes), theta is scored on the held-out loss after training (wins, ratios and IQM
+    computed here from the runs), and the key names the objective while a "train" key stays as it was."""
+    family = tasks.suites.get("smoke")[0].build()
+    sel = ot.ValidationSelector(lopt.LearnableSGD(0.01), family, num_steps=12, num_seeds=2, objective="held_out")
+    assert sel.cache_key()["objective"] == "held_out"
+    assert "objective" not in ot.ValidationSelector(lopt.LearnableSGD(0.01), family, num_steps=12).cache_key()
+    with pytest.raises(ValueError, match="unknown objective 'valid'"):
+        ot.ValidationSelector(lopt.LearnableSGD(0.01), family, objective="valid")
+    tuned = []  # the selector's own tuning runs (every rate it tried)
+    monkeypatch.setattr(vs, "run_task", lambda *a, **k: tuned.append((k, run_task(*a, **k))) or tuned[-1][1])
+    (name, entry), = sel.baselines().items()
+    (kwargs, (runs, _)), = tuned
+    assert kwargs["select_by"] == "valid" and kwargs["valid_points"] == 1
+    best = ot.evaluation.best_runs(runs, by="valid")["adam"]
+    valid_medians = {r["learning_rate"]: np.median(r["valids"]) for r in runs}
+    assert entry["best_lr"] == best["learning_rate"] == min(valid_medians, key=valid_medians.get)
+    np.testing.assert_allclose(entry["evals"], best["evals"], rtol=1e-6)
+    for lr in (0.01, 0.3):
+        m, learned = sel(_theta(lr)), sel.runs(_theta(lr))[name]
+        ratio = np.median(learned["evals"]) / np.median(entry["evals"])
+        assert m["valid/wins"] == int(ratio < 1) and m["valid/diverged"] == 0
+        np.testing.assert_allclose(m[f"valid/{name}/ratio"], ratio, rtol=1e-6)
+        per_seed = np.sort(np.asarray(learned["evals"]) / np.asarray(entry["evals"]))
+        np.testing.assert_allclose(m["valid/iqm_ratio"], per_seed.mean(), rtol=1e-6)  # 2 values: IQM keeps both
