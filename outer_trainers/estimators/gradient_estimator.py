@@ -181,7 +181,24 @@ class GradientEstimator:
         Returns:
             (state, Estimate): the new state and the estimate.
         """
-        return self._jit_estimate(theta, state, key, _outer(outer_state), self.truncated_step.data_args())
+        return self._jit_estimate(self.place_theta(theta, state), state, key, _outer(outer_state),
+                                  self.truncated_step.data_args())
+
+    def place_theta(self, theta: Any, state: Any) -> Any:
+        """theta placed where this estimator's compiled estimate takes it (here: unchanged).
+
+        An estimator that shards its particles over a device mesh puts theta on the mesh, replicated,
+        so a theta fresh from the host (the first step, a resume) and one a jitted update returned
+        (already on the mesh) reach the same compiled program instead of compiling it twice.
+
+        Args:
+            theta: the meta-parameters.
+            state: the estimator's state (its particles tell whether they are sharded).
+
+        Returns:
+            theta, placed.
+        """
+        return theta
 
     def _init_state(self, theta, key, outer_state, data):
         raise NotImplementedError

@@ -85,6 +85,10 @@ class ShardedTruncatedPES(AntitheticTruncatedEstimator):
     def _shard(self, tree, spec):
         return jax.lax.with_sharding_constraint(tree, NamedSharding(self.mesh, spec))
 
+    def place_theta(self, theta, state):
+        """theta replicated on the mesh (`GradientEstimator.place_theta`)."""
+        return jax.device_put(theta, NamedSharding(self.mesh, P()))
+
     def _init_state(self, theta, key, outer_state, data):
         n = self.num_tasks
         particles = self._init_particles(theta, key, outer_state, data)

@@ -247,6 +247,12 @@ class TruncatedPES(AntitheticTruncatedEstimator):
             return False
         return not (self._auto_devices and particle_size(inner_state) < SHARD_MIN_SIZE)
 
+    def place_theta(self, theta, state):
+        """theta replicated on the mesh when the pairs are sharded (`GradientEstimator.place_theta`)."""
+        if not self.shards(state.inner_state):
+            return theta
+        return jax.device_put(theta, NamedSharding(self.mesh, P()))
+
     def _init_state(self, theta, key, outer_state, data):
         particles = self._init_particles(theta, key, outer_state, data)
         acc = jax.tree_util.tree_map(lambda t: jnp.zeros((self.num_tasks,) + jnp.shape(t), jnp.result_type(t)), theta)

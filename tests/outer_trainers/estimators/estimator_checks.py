@@ -189,9 +189,14 @@ def assert_checkpoint_round_trip(est, theta, path) -> None:
 
 
 def assert_no_recompile(est, theta, compile_counter) -> None:
+    """The second estimate compiles nothing, its theta updated as a learner updates it: by a jitted function of
+    the first estimate's gradient (so it lives where that gradient lives, e.g. on the estimator's mesh, where the
+    first theta came fresh from the host)."""
     state = est.init_state(theta, jax.random.key(0))
     state, e = est.estimate(theta, state, jax.random.key(1))
-    jax.block_until_ready(e)
+    update = jax.jit(lambda t, g: jax.tree_util.tree_map(lambda a, b: a - 0.01 * b, t, g))
+    theta = update(theta, e.grad)
+    jax.block_until_ready((theta, e))
     with compile_counter() as c:
         state, e = est.estimate(theta, state, jax.random.key(2))
         jax.block_until_ready(e)

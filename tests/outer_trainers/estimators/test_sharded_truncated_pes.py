@@ -96,9 +96,9 @@ def test_share_data_changes_keys_only_across_devices(four_devices):
 
 
 @pytest.mark.multidevice
-def test_no_recompile_on_four_devices(four_devices, compile_counter):
-    C.assert_no_recompile(ot.TruncatedPESPMAP(C.quadratic_step(), 8, C.TRUNC, num_devices=4), C.theta0(),
-                          compile_counter)
+@pytest.mark.parametrize("make", [ot.TruncatedPESPMAP, ot.TruncatedPES])
+def test_no_recompile_on_four_devices(four_devices, compile_counter, make):
+    C.assert_no_recompile(make(C.quadratic_step(), 8, C.TRUNC, num_devices=4), C.theta0(), compile_counter)
 
 
 @pytest.mark.multidevice
