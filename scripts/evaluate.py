@@ -45,6 +45,8 @@ evaluation's files unless --overwrite):
     curves.npz    every curve, [seeds, steps] per (task, optimizer, lr), and the validation curves
     performance_profile.png  per optimizer, the fraction of tasks whose test loss is within a
                   factor tau of the best optimizer's, over tau            (not with --no_plots)
+    finished_tasks/  each task's runs, written as soon as the task is done: the same command run
+                  again after a stop (a lost machine, Ctrl-C) trains only the unfinished tasks
 
 Every argument is checked, and every suite task's data loaded, before any training or file is
 written (`check_arguments`).

@@ -27,7 +27,9 @@ RESULT_FILES:
     curves.npz    every curve, [seeds, steps] per (task, optimizer, lr), and the validation curves
     performance_profile.png  each optimizer's performance profile on test loss        (with `plots`)
 
-and an earlier evaluation's files are never replaced unless `overwrite`. How the baselines are
+and an earlier evaluation's files are never replaced unless `overwrite`. Each task's runs are also
+kept in `finished_tasks/` as soon as the task is done (`task_store`): the same evaluation run again
+into the same directory after a stop trains only the tasks it had not finished. How the baselines are
 tuned (their starting grids, SGD's momentum, AdamW's weight decay, the grid extensions) is one
 `BaselineTuning` value; `scripts/evaluate.py` builds it from its gin bindings (`BaselineTuning.momentum = 0.8`).
 """
@@ -50,6 +52,7 @@ from outer_trainers.evaluation.optimizer_specs import (is_untuned_baseline, lear
 from outer_trainers.evaluation.report import results_json, results_markdown, write_csv, write_json, write_text
 from outer_trainers.evaluation.scores import COLLAPSE_MARGIN, compare_runs, trivial_loss_of
 from outer_trainers.evaluation.task_plan import check_arguments
+from outer_trainers.evaluation.task_store import TaskStore, spec_identity
 from outer_trainers.evaluation.task_trainer import VALID_POINTS, VALID_SPLIT, task_draws
 from outer_trainers.evaluation.tuning import ADAMW_WEIGHT_DECAY, baseline, best_runs, default_lrs, tune_learning_rate
 from outer_trainers.evaluation.wall_clock import step_seconds, time_to_target
@@ -271,7 +274,10 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
         trivial loss (`scores.collapsed`).
       n_resamples: bootstrap resamples of each interval.
       plots: write curves.png and performance_profile.png.
-      overwrite: replace the result files of an earlier evaluation in `output_dir` (otherwise refused).
+      overwrite: replace the result files of an earlier evaluation in `output_dir` (otherwise refused),
+        and train again the tasks whose kept record (`finished_tasks/`) was made with other settings
+        (otherwise refused). A task kept with the same settings is read, never trained again, with or
+        without `overwrite`; delete `finished_tasks/` to train every task afresh.
       log: receives each task's progress line and, at the end, results.md's text (None: silent).
 
     Returns:
@@ -297,15 +303,27 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
         raise ValueError(f"evaluate: {output_dir} already holds the results of an evaluation ({', '.join(existing)}); "
                          f"choose another --output_dir or pass --overwrite to replace them")
     opts = [resolve_optimizer(s, label) for s, label in zip(specs, optimizer_labels(specs))]
+    store = TaskStore(output_dir, {"optimizers": [[o["label"], spec_identity(o["spec"])] for o in opts],
+                                   "baselines": list(baselines), "grids": {b: list(map(float, g)) for b, g in grids.items()},
+                                   "momentum": momentum, "weight_decay": weight_decay, "max_extensions": max_extensions,
+                                   "valid_split": valid_split, "valid_points": valid_points, "time_steps": time_steps},
+                      overwrite=overwrite)
     results, info, trivial, start, cpu_start = {}, {}, {}, time.perf_counter(), _cpu_seconds()
     for name, family, steps, seeds, split in plan:
-        runs, seconds = run_task(family, steps, seeds, opts, baselines, grids, split, momentum=momentum,
-                                 weight_decay=weight_decay, max_extensions=max_extensions, valid_split=valid_split,
-                                 valid_points=valid_points, time_steps=time_steps)
+        task_settings = {"name": name, "task": repr(family), "num_steps": steps, "seeds": list(seeds), "eval_split": split}
+        kept = store.load(name, task_settings)
+        if kept is None:
+            runs, seconds = run_task(family, steps, seeds, opts, baselines, grids, split, momentum=momentum,
+                                     weight_decay=weight_decay, max_extensions=max_extensions, valid_split=valid_split,
+                                     valid_points=valid_points, time_steps=time_steps)
+            store.save(name, task_settings, {"runs": runs, "seconds": seconds})
+        else:
+            runs, seconds = kept["runs"], kept["seconds"]
         results[name], trivial[name] = runs, trivial_losses(family, seeds)
         info[name] = {"num_steps": steps, "seeds": list(seeds), "eval_split": split, "valid_split": valid_split,
                       "seconds": seconds, "trivial_loss": trivial[name], "time_to_target": target_times(runs)}
-        log(f"{name}: {steps} steps x {len(seeds)} seeds in {sum(seconds.values()):.0f} s")
+        took = f"{steps} steps x {len(seeds)} seeds in {sum(seconds.values()):.0f} s"
+        log(f"{name}: {took}" if kept is None else f"{name}: kept from an earlier run into {output_dir} ({took})")
     comparisons, summary = {}, {}
     for opt in opts:
         for base in baselines:

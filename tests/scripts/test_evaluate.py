@@ -100,13 +100,15 @@ def test_tiny_task_list_writes_every_file_with_tuned_baselines(evaluate_script, 
     assert "| rosenbrock | 10 | sgdm |" in md and "**learned vs sgdm**" in md
     assert "| rosenbrock | diverged |" in md and "| learned vs adam | 2 | " in md and "| inf [inf, inf] | " in md
     # A second evaluation into the same directory is refused and leaves the first one's files as they were.
-    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    def files():
+        return {str(f): f.read_bytes() for f in out.rglob("*") if f.is_file()}
+    before = files()
     args = ["--theta", theta_path, "--task", "QuadraticFamily(dim=4)", "--num_steps", "5", "--num_seeds", "1",
             "--baselines", "adam", "--output_dir", str(out)]
     gin.clear_config()
     with pytest.raises(ValueError, match=r"already holds the results of an evaluation \(results.csv, curves.png"):
         evaluate_script.main(args)
-    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert files() == before
     gin.clear_config()
     evaluate_script.main(args + ["--overwrite"])
     assert list(_strict_json(out / "results.json")["tasks"]) == ["quadratic_dim4"]
@@ -142,7 +144,7 @@ def test_muon_is_a_baseline_and_plots_can_be_left_out(evaluate_script, tmp_path)
                                 "--gin_param", "BaselineTuning.max_extensions = 0",
                                 "--gin_param", "evaluate.n_resamples = 300", "--gin_param", "evaluate.time_steps = False",
                                 "--output_dir", str(out)])
-    assert sorted(f.name for f in out.iterdir()) == ["curves.npz", "results.csv", "results.json", "results.md"]
+    assert sorted(f.name for f in out.iterdir()) == ["curves.npz", "finished_tasks", "results.csv", "results.json", "results.md"]
     doc = _strict_json(out / "results.json")
     task = doc["tasks"]["image_mlp_family_digits_8"]
     muon = task["optimizers"]["muon"]

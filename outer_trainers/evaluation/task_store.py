@@ -1,0 +1,111 @@
+"""Finished tasks of an evaluation, kept on disk so that a stopped evaluation resumes where it stopped.
+
+    store = TaskStore(output_dir, settings)        # settings: what makes two evaluations the same
+    runs = store.load(name, task_settings)          # None: not finished before (or refused, see below)
+    store.save(name, task_settings, {"runs": runs, ...})
+
+An evaluation of a suite can take hours (tuning every baseline over its grid on every task); until
+now a stopped machine lost every task it had finished. `evaluate` writes each task's runs to
+`output_dir/finished_tasks/NAME.pkl` as soon as the task is done, and a later `evaluate` into the
+same directory with the same settings reads them instead of training the task again. The record
+holds a fingerprint of everything that decides the task's runs: the optimizer specs (a theta or
+checkpoint file by the SHA-256 of its bytes; "pretrained:NAME" and "published:NAME" by name, as a
+shipped name never changes its weights), the baselines and their tuning (grids, momentum, weight
+decay, extensions), the validation split and resolution, whether steps are timed, and the task
+itself (its name, `repr`, steps, seeds and eval split). A record whose fingerprint differs is never
+silently mixed in: `load` raises, naming the task and the settings that differ, unless the
+evaluation may overwrite (then the task is trained again and its record replaced).
+
+The records are Python pickles of plain dicts of numbers, strings and numpy arrays, written by
+this module; like any pickle, load only records you wrote.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+from typing import Optional
+
+FINISHED_DIR = "finished_tasks"
+FORMAT = 1
+
+
+def spec_identity(spec: str) -> str:
+    """An optimizer spec as the fingerprint sees it: a file by the SHA-256 of its bytes, a name as it is."""
+    if isinstance(spec, str) and os.path.isfile(spec):
+        with open(spec, "rb") as f:
+            return f"file sha256:{hashlib.sha256(f.read()).hexdigest()}"
+    return str(spec)
+
+
+class TaskStore:
+    """One evaluation's finished tasks in `output_dir/finished_tasks/`.
+
+    Args:
+      output_dir: the evaluation's output directory.
+      settings: the evaluation-wide settings (JSON-serialisable) that decide every task's runs.
+      overwrite: replace a record whose settings differ instead of refusing it.
+    """
+
+    def __init__(self, output_dir: str, settings: dict, *, overwrite: bool = False):
+        self.directory = os.path.join(output_dir, FINISHED_DIR)
+        self.settings = settings
+        self.overwrite = overwrite
+
+    def path(self, name: str) -> str:
+        """The record file of task `name` (path separators in the name replaced)."""
+        safe = "".join(c if c.isalnum() or c in "-_.=()," else "_" for c in name)
+        return os.path.join(self.directory, safe + ".pkl")
+
+    def fingerprint(self, task_settings: dict) -> str:
+        """The JSON text of the evaluation's and the task's settings (sorted keys): equal iff the runs would be."""
+        return json.dumps({"format": FORMAT, "evaluation": self.settings, "task": task_settings},
+                          sort_keys=True, default=repr)
+
+    def load(self, name: str, task_settings: dict) -> Optional[dict]:
+        """Task `name`'s saved record, or None when it has none (or a differing one that may be overwritten).
+
+        Raises:
+          ValueError: the record was made with other settings (and not `overwrite`), or cannot be read.
+        """
+        path = self.path(name)
+        if not os.path.exists(path):
+            return None
+        try:
+            with open(path, "rb") as f:
+                record = pickle.load(f)
+            saved = record["fingerprint"]
+        except Exception as e:  # a truncated or foreign file: say which, never guess
+            raise ValueError(f"evaluate: cannot read the finished task record {path} ({type(e).__name__}: {e}); "
+                             f"delete it to train task {name!r} again") from None
+        if saved == self.fingerprint(task_settings):
+            return record["data"]
+        if self.overwrite:
+            return None
+        raise ValueError(f"evaluate: {path} holds task {name!r} evaluated with other settings "
+                         f"({_differences(saved, self.fingerprint(task_settings))}); choose another --output_dir "
+                         f"or pass --overwrite to train it again")
+
+    def save(self, name: str, task_settings: dict, data: dict) -> None:
+        """Writes task `name`'s record atomically (a temporary file renamed over the record)."""
+        os.makedirs(self.directory, exist_ok=True)
+        path = self.path(name)
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump({"fingerprint": self.fingerprint(task_settings), "data": data}, f,
+                        protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+
+
+def _differences(saved: str, current: str) -> str:
+    """The top-level settings on which two fingerprints differ, e.g. "evaluation.baselines"."""
+    try:
+        a, b = json.loads(saved), json.loads(current)
+    except ValueError:
+        return "unreadable settings"
+    keys = []
+    for part in ("evaluation", "task"):
+        x, y = a.get(part, {}), b.get(part, {})
+        keys += [f"{part}.{k}" for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+    return ", ".join(keys) or "format"
