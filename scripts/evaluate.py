@@ -48,6 +48,13 @@ evaluation's files unless --overwrite):
     finished_tasks/  each task's runs, written as soon as the task is done: the same command run
                   again after a stop (a lost machine, Ctrl-C) trains only the unfinished tasks
 
+`--baselines_from EARLIER_DIR` compares new optimizers with the baselines an earlier evaluation tuned
+(read from its finished_tasks/, task by task, where every setting but the optimizers matches), so
+evaluating another theta costs only its own runs:
+
+    python scripts/evaluate.py --suite heldout-cpu --optimizer run2/theta_best.msgpack --baselines adamw,muon \
+        --baselines_from eval/run1 --output_dir eval/run2
+
 Every argument is checked, and every suite task's data loaded, before any training or file is
 written (`check_arguments`).
 
@@ -134,6 +141,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "or collapses to the task's trivial_loss")
     p.add_argument("--no_plots", action="store_true", help="write no curves.png or performance_profile.png")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier evaluation's files in --output_dir")
+    p.add_argument("--baselines_from", help="an earlier evaluation's --output_dir: reuse its tuned baselines on every "
+                                            "task it ran with the same settings (only the optimizers may differ)")
     return p.parse_args(argv)
 
 
@@ -157,13 +166,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         params.append("evaluate.overwrite = True")
     if args.no_plots:
         params.append("evaluate.plots = False")
+    if args.baselines_from:
+        params.append(f"evaluate.baselines_from = {args.baselines_from!r}")
     for flag in ("num_steps", "num_seeds"):
         if getattr(args, flag) is not None:
             params.append(f"evaluate.{flag} = {getattr(args, flag)}")
     if args.stress_steps is not None:
-        if args.baselines is not None or args.num_steps is not None or args.no_plots:
-            raise SystemExit("error: --stress_steps replaces the comparison: it takes no --baselines, --num_steps or "
-                             "--no_plots")
+        if args.baselines is not None or args.num_steps is not None or args.no_plots or args.baselines_from:
+            raise SystemExit("error: --stress_steps replaces the comparison: it takes no --baselines, --num_steps, "
+                             "--no_plots or --baselines_from")
         params = [p.replace("evaluate.", "stress.", 1) if p.startswith("evaluate.") else p for p in params]
         params.append(f"stress.stress_steps = {args.stress_steps}")
         load_config(args.gin_file, params)

@@ -52,7 +52,7 @@ from outer_trainers.evaluation.optimizer_specs import (is_untuned_baseline, lear
 from outer_trainers.evaluation.report import results_json, results_markdown, write_csv, write_json, write_text
 from outer_trainers.evaluation.scores import COLLAPSE_MARGIN, compare_runs, trivial_loss_of
 from outer_trainers.evaluation.task_plan import check_arguments
-from outer_trainers.evaluation.task_store import TaskStore, spec_identity
+from outer_trainers.evaluation.task_store import FINISHED_DIR, TaskStore, spec_identity
 from outer_trainers.evaluation.task_trainer import VALID_POINTS, VALID_SPLIT, task_draws
 from outer_trainers.evaluation.tuning import ADAMW_WEIGHT_DECAY, baseline, best_runs, default_lrs, tune_learning_rate
 from outer_trainers.evaluation.wall_clock import step_seconds, time_to_target
@@ -138,7 +138,7 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
              baselines: Sequence[str], grids: dict, eval_split: str, *, momentum: float = 0.9,
              weight_decay: float = ADAMW_WEIGHT_DECAY, max_extensions: int = 4, valid_split: str = VALID_SPLIT,
              valid_points: int = VALID_POINTS, select_by: str = "valid",
-             time_steps: bool = False) -> tuple[list[dict], dict]:
+             time_steps: bool = False, tuned_runs: Optional[dict] = None) -> tuple[list[dict], dict]:
     """Trains one task per seed with every optimizer and every baseline (tuned: `tune_learning_rate`).
 
     Every setting sees the same task draws and initialisations (`task_draws`). A baseline given
@@ -161,6 +161,8 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
       valid_points: validation measurements per run (`task_trainer.valid_schedule`).
       select_by: the tuning rule's loss, "valid" (the protocol's) or "train" (`tuning.best_runs`).
       time_steps: measure each optimizer's wall time per step.
+      tuned_runs: {baseline name: its runs on this task from an earlier evaluation with the same
+        settings} (`task_store.TaskStore.baseline_runs`): used as they are, not tuned again.
 
     Returns:
       (runs, seconds): the run dicts (`task_trainer`'s module docstring, float64; "learning_rate"
@@ -204,7 +206,9 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
         if name in tuned:
             continue
         start = time.perf_counter()
-        if is_untuned_baseline(name):  # published:NAME: run once, as its authors released it
+        if tuned_runs and name in tuned_runs:
+            runs += tuned_runs[name]
+        elif is_untuned_baseline(name):  # published:NAME: run once, as its authors released it
             runs.append(learned(resolve_optimizer(name, name)))
         else:
             runs += tune(name, name)
@@ -241,7 +245,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
              baselines: Sequence[str] = DEFAULT_BASELINES, tuning: BaselineTuning = BaselineTuning(),
              eval_split: str = "test", valid_split: str = VALID_SPLIT, valid_points: int = VALID_POINTS,
              time_steps: bool = True, collapse_margin: float = COLLAPSE_MARGIN, n_resamples: int = 2000,
-             plots: bool = True, overwrite: bool = False, log: Log = print_now) -> dict:
+             plots: bool = True, overwrite: bool = False, baselines_from: Optional[str] = None,
+             log: Log = print_now) -> dict:
     """Runs the evaluation of the module docstring and writes its files to `output_dir`.
 
     Per optimizer L and tuned baseline B (its rate chosen on validation loss), over the tasks: wins
@@ -278,6 +283,9 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
         and train again the tasks whose kept record (`finished_tasks/`) was made with other settings
         (otherwise refused). A task kept with the same settings is read, never trained again, with or
         without `overwrite`; delete `finished_tasks/` to train every task afresh.
+      baselines_from: the output directory of an earlier evaluation whose tuned baselines are reused,
+        task by task, where it was made with the same settings but for the optimizers under test
+        (`task_store`); the others are tuned here, and the log says which and why.
       log: receives each task's progress line and, at the end, results.md's text (None: silent).
 
     Returns:
@@ -308,14 +316,23 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
                                    "momentum": momentum, "weight_decay": weight_decay, "max_extensions": max_extensions,
                                    "valid_split": valid_split, "valid_points": valid_points, "time_steps": time_steps},
                       overwrite=overwrite)
+    earlier = None if baselines_from is None else TaskStore(baselines_from, store.settings)
+    if baselines_from is not None and not os.path.isdir(os.path.join(baselines_from, FINISHED_DIR)):
+        raise ValueError(f"evaluate: baselines_from {baselines_from!r} holds no finished_tasks/ of an evaluation "
+                         f"(--baselines_from)")
     results, info, trivial, start, cpu_start = {}, {}, {}, time.perf_counter(), _cpu_seconds()
     for name, family, steps, seeds, split in plan:
         task_settings = {"name": name, "task": repr(family), "num_steps": steps, "seeds": list(seeds), "eval_split": split}
         kept = store.load(name, task_settings)
         if kept is None:
+            reused = None
+            if earlier is not None:
+                reused, why = earlier.baseline_runs(name, task_settings, [b for b in baselines if b in grids])
+                log(f"{name}: tuned baselines from {baselines_from}" if reused else
+                    f"{name}: baselines tuned here, not read from {baselines_from} ({why})")
             runs, seconds = run_task(family, steps, seeds, opts, baselines, grids, split, momentum=momentum,
                                      weight_decay=weight_decay, max_extensions=max_extensions, valid_split=valid_split,
-                                     valid_points=valid_points, time_steps=time_steps)
+                                     valid_points=valid_points, time_steps=time_steps, tuned_runs=reused)
             store.save(name, task_settings, {"runs": runs, "seconds": seconds})
         else:
             runs, seconds = kept["runs"], kept["seconds"]

@@ -16,6 +16,12 @@ itself (its name, `repr`, steps, seeds and eval split). A record whose fingerpri
 silently mixed in: `load` raises, naming the task and the settings that differ, unless the
 evaluation may overwrite (then the task is trained again and its record replaced).
 
+A new optimizer is usually compared with the same tuned baselines as the last one, and tuning
+them is most of an evaluation's cost. `baseline_runs` reads the tuned baselines' runs of a task
+from another evaluation's records (`evaluate(..., baselines_from=DIR)`, `--baselines_from DIR`),
+when everything but the optimizers under test matches; a task whose record differs, or is missing,
+is tuned afresh, and the evaluation says which.
+
 The records are Python pickles of plain dicts of numbers, strings and numpy arrays, written by
 this module; like any pickle, load only records you wrote.
 """
@@ -86,6 +92,41 @@ class TaskStore:
         raise ValueError(f"evaluate: {path} holds task {name!r} evaluated with other settings "
                          f"({_differences(saved, self.fingerprint(task_settings))}); choose another --output_dir "
                          f"or pass --overwrite to train it again")
+
+    def baseline_runs(self, name: str, task_settings: dict, baselines) -> tuple[Optional[dict], str]:
+        """The runs of `baselines` on task `name` that this store's record holds, for another evaluation.
+
+        The record must have been made with the same settings as that evaluation (`self.settings` here
+        being the other evaluation's) except for the optimizers under test.
+
+        Args:
+          name: the task's name.
+          task_settings: the other evaluation's settings of the task (steps, seeds, split, ...).
+          baselines: the tuned baseline names wanted.
+
+        Returns:
+          ({baseline: its runs}, "") or (None, why not: no record, other settings, or a baseline it lacks).
+        """
+        path = self.path(name)
+        if not os.path.exists(path):
+            return None, "no record"
+        try:
+            with open(path, "rb") as f:
+                record = pickle.load(f)
+            saved = json.loads(record["fingerprint"])
+        except Exception as e:
+            return None, f"unreadable record ({type(e).__name__})"
+        current = json.loads(self.fingerprint(task_settings))
+        for doc in (saved, current):
+            doc["evaluation"].pop("optimizers", None)
+            doc["evaluation"].pop("baselines", None)
+        if saved != current:
+            return None, f"other settings ({_differences(json.dumps(saved), json.dumps(current))})"
+        runs = {b: [r for r in record["data"]["runs"] if r["optimizer"] == b] for b in baselines}
+        missing = [b for b, own in runs.items() if not own]
+        if missing:
+            return None, f"no runs of {', '.join(missing)}"
+        return runs, ""
 
     def save(self, name: str, task_settings: dict, data: dict) -> None:
         """Writes task `name`'s record atomically (a temporary file renamed over the record)."""

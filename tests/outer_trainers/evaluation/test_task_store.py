@@ -30,10 +30,10 @@ class _StopsOnce:
         return self.real(family, *args, **kwargs)
 
 
-def _evaluate(out, theta, baselines=("adam",), num_steps=8, **kwargs):
+def _evaluate(out, theta, baselines=("adam",), num_steps=8, log=None, **kwargs):
     return suite_runs.evaluate(str(out), optimizers=[theta], tasks=[QuadraticFamily(dim=4), RosenbrockTask()],
                                num_steps=num_steps, num_seeds=2, baselines=list(baselines), time_steps=False,
-                               plots=False, tuning=BaselineTuning(max_extensions=0), log=None, **kwargs)
+                               plots=False, tuning=BaselineTuning(max_extensions=0), log=log, **kwargs)
 
 
 def test_a_stopped_evaluation_resumes_with_the_tasks_it_finished(tmp_path, monkeypatch):
@@ -96,3 +96,33 @@ def test_an_unreadable_record_is_named(tmp_path):
         store.load("quadratic_dim4", {"num_steps": 3})
     assert spec_identity("pretrained:celo2_v5") == "pretrained:celo2_v5"
     assert store.path("a/b") .endswith("a_b.pkl")
+
+
+def test_baselines_from_reuses_an_earlier_evaluations_tuned_baselines(tmp_path, monkeypatch):
+    first, second = _theta(tmp_path / "a.msgpack"), str(tmp_path / "b.msgpack")
+    lo = lopt.LearnableSGD(0.03)
+    lopt.save_theta(second, lo, lo.init(jax.random.key(1)))
+    earlier = _evaluate(tmp_path / "a", first)
+    tuned = []
+    real = suite_runs.tune_learning_rate
+    monkeypatch.setattr(suite_runs, "tune_learning_rate", lambda family, label, *a, **k: tuned.append(label) or
+                        real(family, label, *a, **k))
+    said = []
+    res = _evaluate(tmp_path / "b", second, baselines_from=str(tmp_path / "a"), log=said.append)
+    assert tuned == [] and sum("tuned baselines from" in line for line in said) == 2
+    for task in ("quadratic_dim4", "rosenbrock"):
+        old = [r for r in earlier["results"][task] if r["optimizer"] == "adam"]
+        new = [r for r in res["results"][task] if r["optimizer"] == "adam"]
+        assert [r["learning_rate"] for r in new] == [r["learning_rate"] for r in old]
+        for a, b in zip(new, old):
+            np.testing.assert_array_equal(a["evals"], b["evals"])
+    ours = [r for r in res["results"]["quadratic_dim4"] if r["optimizer"] == "learned"][0]
+    theirs = [r for r in earlier["results"]["quadratic_dim4"] if r["optimizer"] == "learned"][0]
+    assert not np.allclose(ours["losses"], theirs["losses"])  # the new theta did run
+
+    # Other settings (here the steps): the baselines are tuned afresh, and the log says why.
+    said.clear()
+    _evaluate(tmp_path / "c", second, num_steps=6, baselines_from=str(tmp_path / "a"), log=said.append)
+    assert tuned == ["adam", "adam"] and sum("other settings (task.num_steps)" in line for line in said) == 2
+    with pytest.raises(ValueError, match=r"holds no finished_tasks/.*--baselines_from"):
+        _evaluate(tmp_path / "d", second, baselines_from=str(tmp_path / "nowhere"))
