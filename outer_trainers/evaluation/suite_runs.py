@@ -328,8 +328,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
             reused = None
             if earlier is not None:
                 reused, why = earlier.baseline_runs(name, task_settings, [b for b in baselines if b in grids])
-                log(f"{name}: tuned baselines from {baselines_from}" if reused else
-                    f"{name}: baselines tuned here, not read from {baselines_from} ({why})")
+                got = f"{', '.join(reused)} from {baselines_from}" if reused else f"nothing from {baselines_from}"
+                log(f"{name}: tuned baselines: {got}" + (f"; the others tuned here ({why})" if why else ""))
             runs, seconds = run_task(family, steps, seeds, opts, baselines, grids, split, momentum=momentum,
                                      weight_decay=weight_decay, max_extensions=max_extensions, valid_split=valid_split,
                                      valid_points=valid_points, time_steps=time_steps, tuned_runs=reused)

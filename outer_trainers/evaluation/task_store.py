@@ -105,7 +105,8 @@ class TaskStore:
           baselines: the tuned baseline names wanted.
 
         Returns:
-          ({baseline: its runs}, "") or (None, why not: no record, other settings, or a baseline it lacks).
+          ({baseline: its runs} for the baselines the record holds, "" or which it lacks), or (None, why
+          not: no record, or other settings).
         """
         path = self.path(name)
         if not os.path.exists(path):
@@ -124,9 +125,7 @@ class TaskStore:
             return None, f"other settings ({_differences(json.dumps(saved), json.dumps(current))})"
         runs = {b: [r for r in record["data"]["runs"] if r["optimizer"] == b] for b in baselines}
         missing = [b for b, own in runs.items() if not own]
-        if missing:
-            return None, f"no runs of {', '.join(missing)}"
-        return runs, ""
+        return ({b: own for b, own in runs.items() if own} or None), (f"no runs of {', '.join(missing)}" if missing else "")
 
     def save(self, name: str, task_settings: dict, data: dict) -> None:
         """Writes task `name`'s record atomically (a temporary file renamed over the record)."""

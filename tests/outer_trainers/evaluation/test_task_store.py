@@ -109,7 +109,7 @@ def test_baselines_from_reuses_an_earlier_evaluations_tuned_baselines(tmp_path, 
                         real(family, label, *a, **k))
     said = []
     res = _evaluate(tmp_path / "b", second, baselines_from=str(tmp_path / "a"), log=said.append)
-    assert tuned == [] and sum("tuned baselines from" in line for line in said) == 2
+    assert tuned == [] and sum("tuned baselines: adam from" in line for line in said) == 2
     for task in ("quadratic_dim4", "rosenbrock"):
         old = [r for r in earlier["results"][task] if r["optimizer"] == "adam"]
         new = [r for r in res["results"][task] if r["optimizer"] == "adam"]
@@ -124,5 +124,10 @@ def test_baselines_from_reuses_an_earlier_evaluations_tuned_baselines(tmp_path, 
     said.clear()
     _evaluate(tmp_path / "c", second, num_steps=6, baselines_from=str(tmp_path / "a"), log=said.append)
     assert tuned == ["adam", "adam"] and sum("other settings (task.num_steps)" in line for line in said) == 2
+    # A baseline the earlier evaluation did not tune is tuned here; the others are still reused.
+    tuned.clear()
+    said.clear()
+    _evaluate(tmp_path / "e", second, baselines=("adam", "sgdm"), baselines_from=str(tmp_path / "a"), log=said.append)
+    assert tuned == ["sgdm", "sgdm"] and sum("the others tuned here (no runs of sgdm)" in line for line in said) == 2
     with pytest.raises(ValueError, match=r"holds no finished_tasks/.*--baselines_from"):
         _evaluate(tmp_path / "d", second, baselines_from=str(tmp_path / "nowhere"))
