@@ -33,6 +33,8 @@ import os
 import pickle
 from typing import Optional
 
+from lopt.file_io import atomic_write_bytes
+
 FINISHED_DIR = "finished_tasks"
 FORMAT = 1
 
@@ -79,12 +81,11 @@ class TaskStore:
         if not os.path.exists(path):
             return None
         try:
-            with open(path, "rb") as f:
-                record = pickle.load(f)
-            saved = record["fingerprint"]
-        except Exception as e:  # a truncated or foreign file: say which, never guess
-            raise ValueError(f"evaluate: cannot read the finished task record {path} ({type(e).__name__}: {e}); "
+            record = _read_record(path)
+        except ValueError as e:  # a truncated or foreign file: say which, never guess
+            raise ValueError(f"evaluate: cannot read the finished task record {path} ({e}); "
                              f"delete it to train task {name!r} again") from None
+        saved = record["fingerprint"]
         if saved == self.fingerprint(task_settings):
             return record["data"]
         if self.overwrite:
@@ -112,11 +113,10 @@ class TaskStore:
         if not os.path.exists(path):
             return None, "no record"
         try:
-            with open(path, "rb") as f:
-                record = pickle.load(f)
-            saved = json.loads(record["fingerprint"])
-        except Exception as e:
-            return None, f"unreadable record ({type(e).__name__})"
+            record = _read_record(path)
+        except ValueError as e:
+            return None, f"unreadable record ({e})"
+        saved = json.loads(record["fingerprint"])
         current = json.loads(self.fingerprint(task_settings))
         for doc in (saved, current):
             doc["evaluation"].pop("optimizers", None)
@@ -128,14 +128,22 @@ class TaskStore:
         return ({b: own for b, own in runs.items() if own} or None), (f"no runs of {', '.join(missing)}" if missing else "")
 
     def save(self, name: str, task_settings: dict, data: dict) -> None:
-        """Writes task `name`'s record atomically (a temporary file renamed over the record)."""
-        os.makedirs(self.directory, exist_ok=True)
-        path = self.path(name)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump({"fingerprint": self.fingerprint(task_settings), "data": data}, f,
-                        protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+        """Writes task `name`'s record atomically (`lopt.file_io.atomic_write_bytes`)."""
+        record = {"fingerprint": self.fingerprint(task_settings), "data": data}
+        atomic_write_bytes(self.path(name), pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _read_record(path: str) -> dict:
+    """A record file's {"fingerprint", "data"}; ValueError naming the problem when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            record = pickle.load(f)
+        if not (isinstance(record, dict) and isinstance(record.get("fingerprint"), str) and "data" in record):
+            raise ValueError("not a finished task record")
+        json.loads(record["fingerprint"])
+        return record
+    except Exception as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
 
 
 def _differences(saved: str, current: str) -> str:
