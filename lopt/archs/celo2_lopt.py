@@ -57,7 +57,10 @@ step is scaled by `lopt.rules.overshoot_brake`'s α_t ≤ 1.
 With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.rules.weight_decay`) adds Δp −= η · λ · p to every
 tensor whose role's kind is in `wd_roles` (default: matrices), η the step size of that tensor's own
 path (η_matrix or η_adam, schedule, horizon and depth factors included); λ = λ₀, or with
-`wd_learned` λ₀ · exp(`wd_log_range` · tanh(s)), s = theta["weight_decay"]["s"] a meta-parameter.
+`wd_learned` λ₀ · exp(`wd_log_range` · tanh(s)), s = theta["weight_decay"]["s"] a meta-parameter;
+with `wd_loss_power` p > 0, λ also multiplies clip((ℓ_0 / (ρ_free · ℓ̄_t))^p, 1, `wd_loss_max`), ℓ_0
+the first training loss given, ℓ̄_t the loss EMA and ρ_free = `wd_loss_free`: the decay grows once
+the training loss falls more than ρ_free-fold below its start.
 """
 from __future__ import annotations
 
@@ -95,11 +98,14 @@ class Celo2LOptState(NamedTuple):
       second_moment: per leaf, float32 [*p.shape]: v.
       iteration: int32 []: the number of updates so far.
       loss_state: float32 [2]: the loss EMA state of `features.loss_features`.
+      loss_start: with `wd_loss_power` > 0, float32 []: the first loss given (`weight_decay.track_loss_start`);
+        None otherwise.
     """
     momenta: Any
     second_moment: Any
     iteration: jax.Array
     loss_state: jax.Array
+    loss_start: Any = None
 
 
 class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
@@ -141,6 +147,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
       wd_learned: λ = λ₀ · exp(R · tanh(s)) with s a meta-parameter (0 in a fresh theta) instead of λ₀.
       wd_log_range: R > 0, the bound of the learned log(λ / λ₀).
       wd_roles: the role kinds the rule decays (`lopt.param_roles.KINDS`; default matrices only).
+      wd_loss_power: p ≥ 0 of the rule's loss-aware factor clip((ℓ_0 / (ρ_free · ℓ̄_t))^p, 1, `wd_loss_max`)
+        on λ (0: off).
+      wd_loss_max: its largest value, ≥ 1.
+      wd_loss_free: ρ_free > 0, the fall of the training loss the factor leaves at 1.
       layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
@@ -168,6 +178,9 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
     wd_learned: bool = added_option(False)
     wd_log_range: float = added_option(3.0)
     wd_roles: tuple[str, ...] = added_option(wd_rule.DEFAULT_ROLES)
+    wd_loss_power: float = added_option(0.0)
+    wd_loss_max: float = added_option(10.0)
+    wd_loss_free: float = added_option(1.0)
     layout: Any = layout_option()
 
     def check_config(self) -> None:
@@ -187,6 +200,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         depth.check_depth_options(self.depth_reference, self.depth_power)
         schedule.check_schedule(self.schedule)
         wd_rule.check_weight_decay_options(self.wd_rate, self.wd_learned, self.wd_log_range, self.wd_roles)
+        wd_rule.check_loss_options(self.wd_rate, self.wd_loss_power, self.wd_loss_max, self.wd_loss_free)
 
     @property
     def base_step_sizes(self) -> jax.Array:
@@ -212,10 +226,13 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
           features `moment_features.feature_names(K)`; constants "eps" (`features.EPS`),
           "adam_eps" (`features.ADAM_EPS`, NAdamW's ε), "norm_eps" (`features.NORM_EPS`, b / (rms(b) + ε))
           and `newton_schulz.constants()`; state "momenta", "second_moment", "iteration",
-          "loss_state" and, with `overshoot_gain`, the brake's "prev_update" and "log_brake".
+          "loss_state", with `wd_loss_power` "loss_start" and, with `overshoot_gain`, the brake's
+          "prev_update" and "log_brake".
         """
         constants = {"eps": ft.EPS, "adam_eps": ft.ADAM_EPS, "norm_eps": ft.NORM_EPS, **newton_schulz.constants()}
         state = accumulator_fields(len(self.decays)) + (iteration_field(), ft.loss_state_field())
+        if self.wd_loss_power > 0:
+            state += (wd_rule.loss_start_field(),)
         if self.overshoot_gain > 0:
             state += (StateField("prev_update", PARAM, torch_per_param=False, doc="the brake's Δp_{t−1}"),
                       StateField("log_brake", STEP, torch_per_param=False, doc="the brake's log α_{t−1}"))
@@ -264,7 +281,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
 
         def init_fn(params):
             momenta, second = init_accumulators(params, len(self.decays))
-            return Celo2LOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state())
+            start = jnp.zeros((), jnp.float32) if self.wd_loss_power > 0 else None
+            return Celo2LOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(), start)
 
         def update_leaf(g, p, m, v, role, t, lrs, fade, lam):
             shape, k = jnp.shape(p), len(self.decays)
@@ -304,10 +322,14 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             treedef, gs, (ps, ms, vs, rs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment, roles)
             lrs = lrs * jnp.asarray([self.depth_scale(depth.matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0],
                                     jnp.float32)
-            lam = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range)
+            lam, start = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range), None
+            if self.wd_loss_power > 0:
+                start = wd_rule.track_loss_start(state.loss_start, state.loss_state, extra_args.get("loss"))
+                lam = lam * wd_rule.loss_factor(start, loss_state[0], self.wd_loss_power, self.wd_loss_max,
+                                                self.wd_loss_free)
             leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
-            return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state)
+            return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state, start)
 
         tx = optax.GradientTransformationExtraArgs(init_fn, update_fn)
         if self.overshoot_gain > 0:

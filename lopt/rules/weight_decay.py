@@ -20,6 +20,18 @@ embeddings (`lopt.param_roles` kinds "vector" and "embedding") keep their values
 step sizes (`lopt.parts.step_size`): a fresh s = 0 decays at exactly λ₀, and no theta moves λ
 by more than a factor e^R either way. λ₀ = 0 turns the rule off: no term is added, and the
 update is bit-identical to the architecture's without the rule.
+
+Loss-aware (`loss_power` p > 0), λ also multiplies the factor
+
+    φ_t = clip((ℓ_0 / (ρ_free · ℓ̄_t))^p, 1, φ_max)
+
+ℓ_0 the first training loss the optimizer was given and ℓ̄_t the running mean of the loss
+(`lopt.parts.features.loss_features`' EMA, this step's loss included). A run whose training loss
+falls by orders of magnitude is fitting its training set far past what held-out data rewards
+(measured: docs/pretrained.md), and decays more, up to φ_max · λ; a run whose loss stays within
+ρ_free of its start decays at λ. The factor is 1 until a loss is given, and
+wherever ℓ_0 or ℓ̄_t is not positive (the ratio of losses then means nothing). It needs the
+architecture's state to keep ℓ_0 (`loss_start_field`).
 """
 from __future__ import annotations
 
@@ -29,8 +41,10 @@ import jax
 import jax.numpy as jnp
 
 from lopt.param_roles import KINDS
+from lopt.parts.spec import STEP, StateField
 
-__all__ = ["THETA_KEY", "DEFAULT_ROLES", "check_weight_decay_options", "theta_init", "decay_rate", "is_decayed"]
+__all__ = ["THETA_KEY", "DEFAULT_ROLES", "check_weight_decay_options", "check_loss_options", "theta_init", "decay_rate",
+           "is_decayed", "loss_start_field", "track_loss_start", "loss_factor"]
 
 THETA_KEY = "weight_decay"
 DEFAULT_ROLES = ("matrix",)
@@ -57,6 +71,28 @@ def check_weight_decay_options(rate: float, learned: bool, log_range: float, rol
     unknown = [r for r in roles if r not in KINDS]
     if unknown or not roles:
         raise ValueError(f"wd_roles must be a non-empty tuple of role kinds {KINDS}, got {tuple(roles)!r}")
+
+
+def check_loss_options(rate: float, loss_power: float, loss_max: float, loss_free: float) -> None:
+    """Refuses a negative p, φ_max < 1, ρ_free ≤ 0, or a loss-aware factor without a decay to scale.
+
+    Args:
+      rate: λ₀ (`wd_rate`).
+      loss_power: p (`wd_loss_power`; 0: off).
+      loss_max: φ_max (`wd_loss_max`).
+      loss_free: ρ_free (`wd_loss_free`).
+
+    Raises:
+      ValueError: naming the options and their values.
+    """
+    if not loss_power >= 0:
+        raise ValueError(f"wd_loss_power must be >= 0 (0: no loss-aware factor), got {loss_power!r}")
+    if not loss_max >= 1:
+        raise ValueError(f"wd_loss_max must be >= 1 (the largest factor on wd_rate), got {loss_max!r}")
+    if not loss_free > 0:
+        raise ValueError(f"wd_loss_free must be > 0 (the loss ratio below which the rate stays wd_rate), got {loss_free!r}")
+    if loss_power > 0 and rate == 0:
+        raise ValueError("wd_loss_power > 0 needs wd_rate > 0: the loss-aware factor multiplies wd_rate")
 
 
 def theta_init() -> dict:
@@ -87,3 +123,43 @@ def decay_rate(theta: Any, rate: float, learned: bool, log_range: float) -> Opti
 def is_decayed(role: Any, roles: Sequence[str]) -> bool:
     """Whether a parameter of `role` (a `lopt.param_roles.ParamRole`) decays: its kind is in `roles`."""
     return role.kind in roles
+
+
+def loss_start_field() -> StateField:
+    """The state entry of ℓ_0, the first loss given: "loss_start", float32 [] per step, 0 before it."""
+    return StateField("loss_start", STEP, (), doc="the first training loss given (the weight-decay rule's ℓ_0)")
+
+
+def track_loss_start(loss_start: jax.Array, old_loss_state: jax.Array, loss: Optional[Any]) -> jax.Array:
+    """ℓ_0 after this step: kept once a loss was seen, else this step's loss (0 while none is given).
+
+    Args:
+      loss_start: float32 [], ℓ_0 before this step.
+      old_loss_state: `features.loss_features`' state before this step ([ℓ̄, seen]).
+      loss: this step's loss, a scalar, or None.
+
+    Returns:
+      float32 [] ℓ_0.
+    """
+    if loss is None:
+        return loss_start
+    return jnp.where(old_loss_state[1] > 0, loss_start, jnp.asarray(loss, jnp.float32).reshape(()))
+
+
+def loss_factor(loss_start: jax.Array, loss_ema: jax.Array, power: float, max_factor: float,
+                free: float = 1.0) -> jax.Array:
+    """φ = clip((ℓ_0 / (ρ_free · ℓ̄))^p, 1, φ_max), 1 where ℓ_0 ≤ 0 or ℓ̄ ≤ 0 (module docstring).
+
+    Args:
+      loss_start: float32 [] ℓ_0 (`track_loss_start`).
+      loss_ema: float32 [] ℓ̄, this step's loss EMA.
+      power: p > 0.
+      max_factor: φ_max ≥ 1.
+      free: ρ_free > 0.
+
+    Returns:
+      float32 [] φ in [1, φ_max].
+    """
+    valid = (loss_start > 0) & (loss_ema > 0)
+    ratio = jnp.where(valid, loss_start / jnp.where(valid, loss_ema, 1.0), 1.0)
+    return jnp.clip((ratio / free) ** power, 1.0, max_factor)

@@ -28,7 +28,8 @@ a "matrix" with a single input or output (`lopt.parts.newton_schulz.is_orthogona
 
 With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.torch.rules.weight_decay`) adds λ p to the
 bracket of every parameter whose role's kind is in `wd_roles`, λ = λ₀ or, with `wd_learned`,
-λ₀ · exp(`wd_log_range` · tanh(theta["weight_decay"]["s"])).
+λ₀ · exp(`wd_log_range` · tanh(theta["weight_decay"]["s"])); with `wd_loss_power` > 0, λ also
+multiplies the loss-aware factor (`lopt.torch.rules.weight_decay.loss_factors`).
 
 With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.rules.overshoot_brake`),
 which `TorchLearnedOptimizer.step` applies over all parameters: every Δp scaled by α_t ≤ 1.
@@ -48,7 +49,8 @@ from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.horizon import horizon_scale
 from lopt.torch.rules.schedule import prior_schedule
-from lopt.torch.rules.weight_decay import decay_rate
+from lopt.parts.features import loss_state_field
+from lopt.torch.rules.weight_decay import decay_rate, loss_factors
 
 __all__ = ["Celo2LOptRule"]
 
@@ -89,6 +91,7 @@ class Celo2LOptRule(Rule):
 
     def updates(self, items, ctx):
         lo, mlp, consts = self.learned_opt, ctx.theta["mlp"], self.spec.constants
+        old_loss = torch.stack([it.state[loss_state_field().key] for it in items])
         loss_feats = self.loss_features(items, ctx)
         lrs = self.step_sizes(ctx, items, loss_feats)
         rest = as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
@@ -105,6 +108,10 @@ class Celo2LOptRule(Rule):
         if lo.horizon_reference > 0 and lo.residual_horizon_power > 0:
             fade = horizon_scale(lo.horizon_reference, lo.residual_horizon_power, ctx, items)
         lam = decay_rate(ctx.theta, lo.wd_rate, lo.wd_learned, lo.wd_log_range, ctx.dtype, ctx.device)
+        if lam is not None and lo.wd_loss_power > 0:
+            new_loss = torch.stack([it.state[loss_state_field().key] for it in items])
+            lam = lam * loss_factors([it.state for it in items], old_loss, new_loss, ctx.loss, lo.wd_loss_power,
+                                   lo.wd_loss_max, lo.wd_loss_free)
         for i, it in enumerate(items):
             shape = tuple(it.param.shape)
             if it.param.numel() == 0:
@@ -133,5 +140,5 @@ class Celo2LOptRule(Rule):
             if lo.weight_decay:
                 step = step.add_(torch.mul(leaf.p.view(shape), lo.weight_decay))
             if lam is not None and is_decayed(role, lo.wd_roles):
-                step = step.add_(torch.mul(leaf.p.view(shape), lam))
+                step = step.add_(torch.mul(leaf.p.view(shape), lam if lam.dim() == 0 else lam[i]))
             yield step.mul_(-lr)

@@ -144,3 +144,66 @@ def test_a_shipped_theta_fine_tunes_with_a_learned_rate():
     assert all(jax.tree_util.tree_leaves(chex_equal))
     with pytest.raises(ValueError, match="wd_learned"):
         load_theta_init("pretrained:celo2_v5", lo, [])
+
+
+def updates_after(learned_opt, theta, losses):
+    """The update of the last of len(losses) steps on the same gradients, each step given its loss."""
+    tx, params = learned_opt.opt_fn(theta), PARAMS
+    state = tx.init(params)
+    for loss in losses:
+        updates, state = tx.update(GRADS, state, params, **({} if loss is None else {"loss": loss}))
+    return {k: np.asarray(updates[k[0]][k[1]], np.float64) for k in ETA}, state
+
+
+@pytest.mark.parametrize("power,max_factor", [(0.5, 10.0), (2.0, 1.1)])
+def test_loss_aware_decay_scales_the_rate_by_the_loss_ratio(fresh, power, max_factor):
+    """Losses 1 then 0.01: ℓ_0 = 1, ℓ̄ = 0.9·1 + 0.1·0.01 = 0.901, so the second step decays at
+    λ·φ with φ = min((1/0.901)^p, φ_max) (1.0535 unclipped; 1.1 at p = 2 clipped), i.e. λ(φ − 1) more
+    than the fixed rule, on the decayed roles only."""
+    theta = fresh[0]
+    fixed, _ = updates_after(lopt.Celo2LOpt(wd_rate=0.2), theta, [1.0, 0.01])
+    aware, state = updates_after(lopt.Celo2LOpt(wd_rate=0.2, wd_loss_power=power, wd_loss_max=max_factor), theta,
+                                 [1.0, 0.01])
+    phi = min((1.0 / 0.901) ** power, max_factor)
+    check_decay(aware, fixed, 0.2 * (phi - 1.0), ("matrix",))
+    assert float(state.loss_start) == 1.0
+
+
+def test_loss_aware_factor_is_one_without_a_loss_and_off_by_default(fresh):
+    """No loss given: φ = 1, the update is the fixed rule's bit for bit; wd_loss_power = 0 keeps no ℓ_0."""
+    theta = fresh[0]
+    fixed, state = updates_after(lopt.Celo2LOpt(wd_rate=0.2), theta, [None, None])
+    aware, aware_state = updates_after(lopt.Celo2LOpt(wd_rate=0.2, wd_loss_power=1.0), theta, [None, None])
+    for k in ETA:
+        np.testing.assert_array_equal(aware[k], fixed[k])
+    assert state.loss_start is None and float(aware_state.loss_start) == 0.0
+    assert "loss_start" not in [f.name for f in lopt.Celo2LOpt(wd_rate=0.2).spec().state]
+    assert "loss_start" in [f.name for f in lopt.Celo2LOpt(wd_rate=0.2, wd_loss_power=1.0).spec().state]
+
+
+def test_loss_factor_clips_and_ignores_nonpositive_losses():
+    f = lambda start, ema, p=0.25, m=10.0, free=1.0: float(wd_rule.loss_factor(jnp.float32(start), jnp.float32(ema),
+                                                                                 p, m, free))
+    np.testing.assert_allclose(f(2.0, 2e-4), 10.0 ** (4 * 0.25), rtol=1e-6)  # (10^4)^0.25 = 10
+    assert f(2.0, 2e-8) == 10.0  # clipped at φ_max
+    assert f(1.0, 3.0) == 1.0  # a loss above its start: no less than λ
+    np.testing.assert_allclose(f(2.0, 0.1, p=1.0, free=10.0), 2.0, rtol=1e-6)  # a 20-fold fall, 10 of it free
+    assert f(2.0, 0.4, p=1.0, free=10.0) == 1.0  # a 5-fold fall: within ρ_free
+    assert f(0.0, 1e-3) == 1.0 and f(-1.0, -1e-3) == 1.0 and f(1.0, 0.0) == 1.0  # no positive ratio: λ
+
+
+def test_loss_start_is_the_first_loss_given_and_then_kept():
+    lo = lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=0.5)
+    _, state = updates_after(lo, lo.init(jax.random.key(0)), [None, 3.0, 0.5, 7.0])
+    assert float(state.loss_start) == 3.0
+
+
+def test_loss_aware_checks_name_the_bad_option():
+    with pytest.raises(ValueError, match="wd_loss_power > 0 needs wd_rate > 0"):
+        lopt.Celo2LOpt(wd_loss_power=0.5)
+    with pytest.raises(ValueError, match="wd_loss_power must be >= 0"):
+        lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=-1.0)
+    with pytest.raises(ValueError, match="wd_loss_free must be > 0"):
+        lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=0.5, wd_loss_free=0.0)
+    with pytest.raises(ValueError, match="wd_loss_max must be >= 1"):
+        lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=0.5, wd_loss_max=0.5)

@@ -148,6 +148,10 @@ CONFIGS = {
     # the weight-decay rule with a learned λ = 0.5·exp(3·tanh(s)), s perturbed, on the two matrices only (the
     # bias is not decayed): the decay moves the matrices by 0.7-1.1 times their travel without it
     "celo2_learned_weight_decay": lopt.Celo2LOpt(wd_rate=0.5, wd_learned=True),
+    # the loss-aware factor φ = clip(ℓ_0/(2ℓ̄), 1, 3) on λ = 0.5: the problem's losses fall from ~2 to ~0.3, so φ
+    # stays 1 for a while, then rises through (1, 3) to the clip
+    "celo2_loss_aware_weight_decay": lopt.Celo2LOpt(wd_rate=0.5, wd_loss_power=1.0, wd_loss_max=3.0,
+                                                    wd_loss_free=2.0),
 }
 
 
