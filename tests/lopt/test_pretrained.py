@@ -5,6 +5,7 @@ pass their checksum, and train a held-out task (not one of the recipe's) below i
 ships, and on a stand-in package directory built here from the committed recipe and a freshly
 initialised theta, so the machinery is tested whether or not a meta-trained theta is shipped.
 """
+import dataclasses
 import hashlib
 import json
 import os
@@ -190,3 +191,15 @@ def test_celo2_v5_is_deployed_with_the_horizon_and_depth_rules():
         for name in p:
             np.testing.assert_allclose(deployed[name]["w"], factor * plain[name]["w"], rtol=1e-5, atol=1e-9)
             np.testing.assert_allclose(deployed[name]["b"], plain[name]["b"], rtol=1e-6, atol=1e-12)
+
+
+def test_celo2_v6_is_celo2_v5s_theta_with_the_loss_aware_weight_decay():
+    """celo2_v6 ships celo2_v5's theta file byte for byte and deploys it with celo2_v5's rules plus the
+    loss-aware weight-decay rule: λ = 0.03 · clip(ℓ_0 / (10 ℓ̄), 1, 10) on the weight matrices."""
+    decay = {"wd_rate": 0.03, "wd_loss_power": 1.0, "wd_loss_free": 10.0, "wd_loss_max": 10.0}
+    assert lopt.pretrained.info("celo2_v6")["theta_sha256"] == lopt.pretrained.info("celo2_v5")["theta_sha256"]
+    assert lopt.pretrained.deploy_options("celo2_v6") == {**lopt.pretrained.deploy_options("celo2_v5"), **decay}
+    v5, theta5 = lopt.pretrained.deployed_learned_optimizer("celo2_v5")
+    v6, theta6 = lopt.pretrained.deployed_learned_optimizer("celo2_v6")
+    assert v6 == dataclasses.replace(v5, **decay)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, theta6, theta5)
