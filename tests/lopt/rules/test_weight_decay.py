@@ -88,7 +88,8 @@ def test_off_by_default_adds_nothing():
         tx = learned_opt.opt_fn(theta)
         return str(jax.make_jaxpr(lambda g, p: tx.update(g, tx.init(p), p, loss=1.0)[0])(GRADS, PARAMS))
 
-    assert jaxpr(lopt.Celo2LOpt()) == jaxpr(lopt.Celo2LOpt(wd_log_range=1.0, wd_roles=("vector",)))
+    assert jaxpr(lopt.Celo2LOpt()) == jaxpr(lopt.Celo2LOpt(wd_log_range=1.0, wd_roles=("vector",), wd_loss_max=3.0,
+                                                           wd_loss_free=2.0))
 
 
 def test_learned_rate_gets_the_meta_gradient_of_its_loss():
