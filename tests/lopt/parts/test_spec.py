@@ -15,7 +15,8 @@ from lopt.parts.spec import PARAM, STEP, TENSOR, ArchSpec, StateField, reorder
 # a small tree: a matrix, a vector, a rank-4 kernel and a scalar (JAX layout)
 PARAMS = {"w": jnp.ones((5, 3)), "b": jnp.ones((3,)), "conv": jnp.ones((2, 2, 3, 4)), "s": jnp.ones(())}
 # variants whose state differs from the default config's
-VARIANTS = [lopt.NormMLPLOpt(overshoot_gain=0.5, orthogonalize=True), lopt.Celo2LOpt(overshoot_gain=0.5)]
+VARIANTS = [lopt.NormMLPLOpt(overshoot_gain=0.5, orthogonalize=True), lopt.Celo2LOpt(overshoot_gain=0.5),
+            lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=1.0)]
 
 
 def _builtin():
@@ -30,14 +31,15 @@ def _with_torch_rule():
 
 
 def _named_leaves(state, out=None):
-    """{field name: value} of a (nested) NamedTuple or flax dataclass optimizer state, read flat."""
+    """{field name: value} of a (nested) NamedTuple or flax dataclass optimizer state, read flat; a field
+    holding None (an option that is off, e.g. Celo2LOpt's loss_start) holds no state."""
     out = {} if out is None else out
     names = state._fields if hasattr(state, "_fields") else [f.name for f in dataclasses.fields(state)]
     for name in names:
         value = getattr(state, name)
         if hasattr(value, "_fields") or dataclasses.is_dataclass(value):
             _named_leaves(value, out)
-        elif name not in ("inner",):
+        elif name not in ("inner",) and value is not None:
             out[name] = value
     return out
 
