@@ -91,7 +91,8 @@ class Celo2LOptRule(Rule):
 
     def updates(self, items, ctx):
         lo, mlp, consts = self.learned_opt, ctx.theta["mlp"], self.spec.constants
-        old_loss = torch.stack([it.state[loss_state_field().key] for it in items])
+        loss_aware = lo.wd_rate > 0 and lo.wd_loss_power > 0
+        old_loss = torch.stack([it.state[loss_state_field().key] for it in items]) if loss_aware else None
         loss_feats = self.loss_features(items, ctx)
         lrs = self.step_sizes(ctx, items, loss_feats)
         rest = as_columns([(mlp[f"hidden_{i}"]["w"], mlp[f"hidden_{i}"]["b"])
@@ -108,7 +109,7 @@ class Celo2LOptRule(Rule):
         if lo.horizon_reference > 0 and lo.residual_horizon_power > 0:
             fade = horizon_scale(lo.horizon_reference, lo.residual_horizon_power, ctx, items)
         lam = decay_rate(ctx.theta, lo.wd_rate, lo.wd_learned, lo.wd_log_range, ctx.dtype, ctx.device)
-        if lam is not None and lo.wd_loss_power > 0:
+        if loss_aware:
             new_loss = torch.stack([it.state[loss_state_field().key] for it in items])
             lam = lam * loss_factors([it.state for it in items], old_loss, new_loss, ctx.loss, lo.wd_loss_power,
                                    lo.wd_loss_max, lo.wd_loss_free)
