@@ -61,6 +61,11 @@ path (η_matrix or η_adam, schedule, horizon and depth factors included); λ = 
 with `wd_loss_power` p > 0, λ also multiplies clip((ℓ_0 / (ρ_free · ℓ̄_t))^p, 1, `wd_loss_max`), ℓ_0
 the first training loss given, ℓ̄_t the loss EMA and ρ_free = `wd_loss_free`: the decay grows once
 the training loss falls more than ρ_free-fold below its start.
+
+With `residual_no_growth` the learned residual r = MLP(x) (after the fade) loses its component
+along p that would grow ‖p‖ before it enters u, r ← r − min(0, ⟨r, p⟩) / ⟨p, p⟩ · p, in every
+matrix with rms(p) · √fan_in > g = `residual_growth_free` (`lopt.rules.radial`). Muon's direction
+b is untouched.
 """
 from __future__ import annotations
 
@@ -83,7 +88,7 @@ from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_sca
 from lopt.parts.nn import later_layers, residual_mlp_init
 from lopt.parts.spec import PARAM, STEP, ArchSpec, StateField, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
-from lopt.rules import depth, horizon, overshoot_brake, schedule, weight_decay as wd_rule
+from lopt.rules import depth, horizon, overshoot_brake, radial, schedule, weight_decay as wd_rule
 
 DECAYS = (0.5, 0.95, 0.99)
 # elements per block of the per-parameter MLP with the CPU layout: a block's features and hidden units stay in cache
@@ -151,6 +156,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         on λ (0: off).
       wd_loss_max: its largest value, ≥ 1.
       wd_loss_free: ρ_free > 0, the fall of the training loss the factor leaves at 1.
+      residual_no_growth: remove from the learned residual its component that grows each matrix's
+        norm (`lopt.rules.radial.remove_growth`); the direction b and the step size are unchanged.
+      residual_growth_free: g ≥ 0: with `residual_no_growth`, only in matrices past rms(p) · √fan_in = g
+        (LeCun's initial scale is 1; 0: in all).
       layout: the update layout, "cpu" or "accelerator" (`lopt.base.layout_option`; speed only).
     """
 
@@ -181,6 +190,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
     wd_loss_power: float = added_option(0.0)
     wd_loss_max: float = added_option(10.0)
     wd_loss_free: float = added_option(1.0)
+    residual_no_growth: bool = added_option(False)
+    residual_growth_free: float = added_option(0.0)
     layout: Any = layout_option()
 
     def check_config(self) -> None:
@@ -201,6 +212,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         schedule.check_schedule(self.schedule)
         wd_rule.check_weight_decay_options(self.wd_rate, self.wd_learned, self.wd_log_range, self.wd_roles)
         wd_rule.check_loss_options(self.wd_rate, self.wd_loss_power, self.wd_loss_max, self.wd_loss_free)
+        if not self.residual_growth_free >= 0:
+            raise ValueError(f"residual_growth_free must be >= 0, got {self.residual_growth_free}")
+        if self.residual_growth_free > 0 and not self.residual_no_growth:
+            raise ValueError("residual_growth_free needs residual_no_growth=True (it sets where that rule acts)")
 
     @property
     def base_step_sizes(self) -> jax.Array:
@@ -301,7 +316,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                 flat = (lambda x, *lead: x) if layout.keeps_shape(g) else (lambda x, *lead: x.reshape(*lead, n))
                 u = flat(nesterov / (ft.rms(nesterov) + consts["norm_eps"]))
                 r = normalized_feature_mlp(flat(g32), flat(p32), flat(m, k), flat(v), idx, first, rest, BLOCK, layout)
-                u = u + (r if fade is None else fade * r)
+                r = r if fade is None else fade * r
+                if self.residual_no_growth:
+                    r = radial.remove_growth(r, flat(p32), self.residual_growth_free, role.fan_in(shape))
+                u = u + r
                 orth = gathered(lambda x: orthogonalize(x, role), u.reshape(shape))
                 step = lrs[0] * (width_scale(shape, role) * orth + decay * p32)
             else:

@@ -29,7 +29,9 @@ a "matrix" with a single input or output (`lopt.parts.newton_schulz.is_orthogona
 With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.torch.rules.weight_decay`) adds λ p to the
 bracket of every parameter whose role's kind is in `wd_roles`, λ = λ₀ or, with `wd_learned`,
 λ₀ · exp(`wd_log_range` · tanh(theta["weight_decay"]["s"])); with `wd_loss_power` > 0, λ also
-multiplies the loss-aware factor (`lopt.torch.rules.weight_decay.loss_factors`).
+multiplies the loss-aware factor (`lopt.torch.rules.weight_decay.loss_factors`). With
+`residual_no_growth` the learned residual loses its component that grows ‖p‖ (`lopt.rules.radial`),
+in the matrices past rms(p) · √fan_in = `residual_growth_free`.
 
 With `overshoot_gain` κ > 0 the rule carries the overshoot brake (`lopt.torch.rules.overshoot_brake`),
 which `TorchLearnedOptimizer.step` applies over all parameters: every Δp scaled by α_t ≤ 1.
@@ -39,6 +41,7 @@ from __future__ import annotations
 import torch
 
 from lopt.parts.newton_schulz import is_orthogonalized
+from lopt.rules import radial
 from lopt.rules.depth import matrix_depth
 from lopt.rules.weight_decay import is_decayed
 from lopt.torch.param_roles import jax_role, role_of
@@ -132,6 +135,13 @@ class Celo2LOptRule(Rule):
                     torch.add(nesterov[s:e], o[0] if fade is None else o[0] * fade[i], out=out)
 
                 u = leaf.mlp_map([(w1t, mlp["input"]["b"])] + rest, direction)
+                if lo.residual_no_growth:  # the residual r = u − b̂ without its part that grows ‖p‖
+                    inner, sq = torch.dot(u, leaf.p) - torch.dot(nesterov, leaf.p), torch.dot(leaf.p, leaf.p)
+                    coef = torch.clamp(inner, max=0.0) / (sq + radial.EPS)
+                    if lo.residual_growth_free > 0:  # only past rms(p) · √fan_in = g
+                        past = sq / leaf.n * role.fan_in(it.jax_shape) > lo.residual_growth_free ** 2
+                        coef = torch.where(past, coef, torch.zeros_like(coef))
+                    u.sub_(leaf.p * coef)
                 step = orthogonalized_step(u, it, role, consts)
                 lr = lrs[i, 0]
             else:

@@ -197,6 +197,39 @@ def test_residual_horizon_power_scales_the_learned_residual_past_the_reference()
                            _run(plain.opt_fn(scaled, num_steps=400), params, n=1)[0]["hidden"]["kernel"], atol=1e-4)
 
 
+def _radial_theta(learned_opt, sign):
+    """A theta whose residual is r = sign · p / rms(p): hidden units relu(±p̃), output their difference."""
+    theta = learned_opt.init(jax.random.key(4))
+    mlp, h = theta["mlp"], learned_opt.hidden_size
+    p_index = 1  # the features' order: g, p, m_1..m_K, ...
+    w_in = jnp.zeros_like(mlp["input"]["w"]).at[p_index, 0].set(1.0).at[p_index, 1].set(-1.0)
+    mlp["input"] = {"w": w_in, "b": jnp.zeros_like(mlp["input"]["b"])}
+    mlp["hidden_1"] = {"w": jnp.eye(h), "b": jnp.zeros((h,))}
+    mlp["output"] = {"w": jnp.zeros((h, 1)).at[0, 0].set(sign).at[1, 0].set(-sign), "b": jnp.zeros((1,))}
+    return theta
+
+
+def test_residual_no_growth_removes_a_residual_that_only_grows_the_weights():
+    """r = −p̃ (the step −η·orth(b̂ + r) pushes every matrix outwards): with the option the residual is
+    projected to 0 and the update is the residual-free one (Muon's direction); r = +p̃ (shrinks) is kept."""
+    plain, no_growth = lopt.Celo2LOpt(hidden_layers=2), lopt.Celo2LOpt(hidden_layers=2, residual_no_growth=True)
+    assert "residual_no_growth" not in plain.config()  # off: configs saved before the option load unchanged
+    params, growing, shrinking = _params(), _radial_theta(plain, -1.0), _radial_theta(plain, 1.0)
+    muon = jax.tree_util.tree_map(lambda x: x, growing)
+    muon["mlp"]["output"] = jax.tree_util.tree_map(jnp.zeros_like, growing["mlp"]["output"])
+    chex.assert_trees_all_close(_run(no_growth.opt_fn(growing, num_steps=50), params, n=3),
+                                _run(plain.opt_fn(muon, num_steps=50), params, n=3), rtol=1e-4, atol=1e-6)
+    chex.assert_trees_all_close(_run(no_growth.opt_fn(shrinking, num_steps=50), params, n=3),
+                                _run(plain.opt_fn(shrinking, num_steps=50), params, n=3), rtol=1e-6, atol=1e-8)
+    # without the option the growing residual changes the matrix update, so the first comparison can fail
+    grown = _run(plain.opt_fn(growing, num_steps=50), params, n=1)[0]["hidden"]["kernel"]
+    assert not np.allclose(grown, _run(plain.opt_fn(muon, num_steps=50), params, n=1)[0]["hidden"]["kernel"],
+                           atol=1e-4)
+    # and it grows the weights: the step has a positive component along p, which the option removes
+    p = params["hidden"]["kernel"]
+    assert float(jnp.sum(grown * p)) > 0
+
+
 def _deep_params(depth):
     ks = jax.random.split(jax.random.key(5), depth)
     return {f"layer_{i}": {"kernel": jax.random.normal(k, (10, 10)) * 0.3, "bias": jnp.zeros((10,))}
@@ -233,3 +266,10 @@ def test_matrix_depth_counts_the_orthogonalized_tensors():
     leaves = jax.tree_util.tree_leaves(params)
     role_leaves = jax.tree_util.tree_leaves(roles, is_leaf=lambda x: isinstance(x, param_roles.ParamRole))
     assert matrix_depth([x.shape for x in leaves], role_leaves) == 2
+
+
+def test_residual_growth_free_needs_the_rule_and_is_non_negative():
+    with pytest.raises(ValueError, match="residual_growth_free needs residual_no_growth"):
+        lopt.Celo2LOpt(residual_growth_free=2.0)
+    with pytest.raises(ValueError, match="residual_growth_free must be >= 0"):
+        lopt.Celo2LOpt(residual_no_growth=True, residual_growth_free=-1.0)

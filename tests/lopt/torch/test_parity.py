@@ -152,7 +152,22 @@ CONFIGS = {
     # stays 1 for a while, then rises through (1, 3) to the clip
     "celo2_loss_aware_weight_decay": lopt.Celo2LOpt(wd_rate=0.5, wd_loss_power=1.0, wd_loss_max=3.0,
                                                     wd_loss_free=2.0),
+    # the no-growth projection of the learned residual (lopt.rules.radial)
+    "celo2_residual_no_growth": lopt.Celo2LOpt(residual_no_growth=True),
 }
+
+
+@pytest.mark.parametrize("free", [0.0, 1.5])
+def test_residual_no_growth_matches_where_the_projection_acts(free):
+    """A theta whose residual is mostly −p/rms(p) (it grows every matrix), so the projection is taken; with
+    g = 1.5 the conv kernel (rms · √fan_in ≈ 2.4) starts past g and the dense one (≈ 1.1) below it."""
+    learned_opt = lopt.Celo2LOpt(residual_no_growth=True, residual_growth_free=free)
+    theta = perturbed(learned_opt.init(jax.random.key(1)), jax.random.key(2), rel=0.02)
+    mlp, h = theta["mlp"], learned_opt.hidden_size
+    mlp["input"]["w"] = mlp["input"]["w"].at[1, 0].add(1.0).at[1, 1].add(-1.0)  # feature 1 is p
+    mlp["hidden_1"]["w"] = mlp["hidden_1"]["w"] + jnp.eye(h)
+    mlp["output"]["w"] = mlp["output"]["w"].at[0, 0].add(-1.0).at[1, 0].add(1.0)
+    check_parity(learned_opt, theta)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

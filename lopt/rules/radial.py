@@ -1,0 +1,44 @@
+"""The no-growth rule: a learned residual direction may not inflate a weight matrix past its scale.
+
+    r ← r − c · p,    c = min(0, ⟨r, p⟩) / ⟨p, p⟩    where rms(p) · √fan_in > g, else c = 0
+
+r is the learned part of an update direction u that the step takes along −u (Δp = −η · (… + r)),
+so a negative ⟨r, p⟩ grows ‖p‖ and a positive one shrinks it; p is the weight matrix, ⟨·,·⟩ the
+sum over all its elements, fan_in the number of inputs summed into one output. Where the rule
+acts, the component of r along p that would grow ‖p‖ is projected out and the rest of r,
+including any component that shrinks ‖p‖, is kept. g ≥ 0 is the scale the residual may grow a
+matrix to freely, in units of LeCun's initial scale (rms(p) = 1/√fan_in): 0 means everywhere. The
+gradient-driven part of the update is untouched, so the weights still grow where the loss asks
+for it.
+
+Why: a learned per-parameter MLP that reads the parameter itself can learn to inflate the weights,
+which lowers the training loss on its meta-training tasks. Outside them the growth can make a
+model so sharp that its held-out loss explodes while its training loss looks healthy (measured on
+an MLP autoencoder, where the matrices reached about 10× LeCun's scale: docs/pretrained.md).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+EPS = 1e-30
+
+
+def remove_growth(r: jax.Array, p: jax.Array, free: float = 0.0, fan_in: int = 1) -> jax.Array:
+    """The residual direction without its component that grows ‖p‖ (see module doc).
+
+    Args:
+      r: the residual direction, any shape with as many elements as p, float32.
+      p: the weight matrix, the same number of elements.
+      free: g ≥ 0: the rule acts only where rms(p) · √fan_in > g (0: wherever ‖p‖ > 0).
+      fan_in: the matrix's fan-in (`lopt.param_roles.ParamRole.fan_in`).
+
+    Returns:
+      r − min(0, ⟨r, p⟩) / ⟨p, p⟩ · p where the rule acts, else r; in r's shape. r itself where p is zero.
+    """
+    p = jnp.reshape(p, jnp.shape(r)).astype(r.dtype)
+    inner, sq = jnp.sum(r * p), jnp.sum(p * p)
+    coef = jnp.minimum(inner, 0.0) / (sq + EPS)
+    if free > 0:
+        coef = jnp.where(sq / p.size * fan_in > free * free, coef, 0.0)
+    return r - coef * p
