@@ -13,6 +13,7 @@ import warnings
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -196,10 +197,29 @@ def test_celo2_v5_is_deployed_with_the_horizon_and_depth_rules():
 def test_celo2_v6_is_celo2_v5s_theta_with_the_loss_aware_weight_decay():
     """celo2_v6 ships celo2_v5's theta file byte for byte and deploys it with celo2_v5's rules plus the
     loss-aware weight-decay rule: λ = 0.03 · clip(ℓ_0 / (10 ℓ̄), 1, 10) on the weight matrices."""
-    decay = {"wd_rate": 0.03, "wd_loss_power": 1.0, "wd_loss_free": 10.0, "wd_loss_max": 10.0}
-    assert lopt.pretrained.info("celo2_v6")["theta_sha256"] == lopt.pretrained.info("celo2_v5")["theta_sha256"]
-    assert lopt.pretrained.deploy_options("celo2_v6") == {**lopt.pretrained.deploy_options("celo2_v5"), **decay}
-    v5, theta5 = lopt.pretrained.deployed_learned_optimizer("celo2_v5")
-    v6, theta6 = lopt.pretrained.deployed_learned_optimizer("celo2_v6")
-    assert v6 == dataclasses.replace(v5, **decay)
-    jax.tree_util.tree_map(np.testing.assert_array_equal, theta6, theta5)
+    _check_deployed_as("celo2_v6", "celo2_v5", {"wd_rate": 0.03, "wd_loss_power": 1.0, "wd_loss_free": 10.0,
+                                                "wd_loss_max": 10.0})
+
+
+def _check_deployed_as(name, base, options):
+    """NAME ships BASE's theta file byte for byte, deployed with BASE's options plus `options`."""
+    assert lopt.pretrained.info(name)["theta_sha256"] == lopt.pretrained.info(base)["theta_sha256"]
+    assert lopt.pretrained.deploy_options(name) == {**lopt.pretrained.deploy_options(base), **options}
+    base_opt, base_theta = lopt.pretrained.deployed_learned_optimizer(base)
+    deployed, theta = lopt.pretrained.deployed_learned_optimizer(name)
+    assert deployed == dataclasses.replace(base_opt, **options)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, theta, base_theta)
+
+
+def test_celo2_v7_is_celo2_v6_with_the_no_growth_rule():
+    """celo2_v7 ships celo2_v5's theta file byte for byte, deployed as celo2_v6 plus the no-growth rule on
+    matrices past 4× LeCun's scale; its update differs from celo2_v6's only where a matrix is past that."""
+    _check_deployed_as("celo2_v7", "celo2_v6", {"residual_no_growth": True, "residual_growth_free": 4.0})
+    key_small, key_large = jax.random.split(jax.random.key(0))
+    small = {"w": jax.random.normal(key_small, (16, 8)) / 4.0}  # rms · √fan_in = 1: the rule does not act
+    large = {"w": jax.random.normal(key_large, (16, 8)) * 2.0}  # 8 > 4: it may
+    grads = {"w": jnp.cos(jnp.arange(128.0)).reshape(16, 8)}
+    for params, same in ((small, True), (large, False)):
+        u6, u7 = (lopt.pretrained.load(n, num_steps=100).update(grads, lopt.pretrained.load(n, num_steps=100).init(params),
+                                                                 params, loss=1.0)[0]["w"] for n in ("celo2_v6", "celo2_v7"))
+        assert np.array_equal(np.asarray(u6), np.asarray(u7)) == same
