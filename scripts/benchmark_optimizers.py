@@ -74,14 +74,15 @@ def optimizers() -> dict[str, optax.GradientTransformation]:
     """The benchmarked optimizers by name: optax.adam(1e-3), optax.contrib.muon(0.02) (Newton–Schulz
     on the weight matrices, Adam on the biases), each learned optimizer at its initial theta, and the
     shipped meta-trained optimizers a user loads (`lopt.pretrained.load(name, num_steps=1000)`:
-    "normmlp_v3", a NormMLPLOpt, and "celo2_v4", a Celo2LOpt). Every learned optimizer takes the
+    "normmlp_v3", a NormMLPLOpt; "celo2_v4", a Celo2LOpt; and "celo2_v7", `celo2_v5`'s theta with the
+    weight-decay and no-growth rules on). Every learned optimizer takes the
     update layout of this machine's platform (`lopt.parts.layout.for_platform`), as `load` does."""
     out = {"optax.adam": optax.adam(1e-3), "optax.contrib.muon": optax.contrib.muon(0.02)}
     layout = platform_layout()
     for lo in [lopt.MLPLOpt(layout=layout), lopt.AdafacMLPLOpt(layout=layout), lopt.RNNMLPLOpt(layout=layout),
                lopt.NNAdam(), lopt.HyperLOpt(layout=layout), lopt.Celo2LOpt(layout=layout)]:
         out[lo.name] = lo.opt_fn(lo.init(jax.random.key(0)))
-    for name in ["normmlp_v3", "celo2_v4"]:
+    for name in ["normmlp_v3", "celo2_v4", "celo2_v7"]:
         out[f"pretrained:{name}"] = lopt.pretrained.load(name, num_steps=1000)
     return out
 
@@ -312,7 +313,8 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
         lines.append(f"| {size} | {t.update_s * 1e3:.2f} / {t.step_s * 1e3:.2f} | {t.update_s / floor:.2f} | "
                      f"{g_t * 1e3:.2f} ({block}, {g_flops / 1e9:.0f}) | {t.update_s / g_t:.2f} / {t.step_s / g_t:.2f} | "
                      f"{ada.update_s / adam.update_s:.1f} / {ada.step_s / adam.step_s:.1f} |")
-    celo = [name for name in ("Celo2LOpt", "pretrained:celo2_v4") if all(name in res for _, res in results.values())]
+    celo = [name for name in ("Celo2LOpt", "pretrained:celo2_v4", "pretrained:celo2_v7")
+            if all(name in res for _, res in results.values())]
     if celo:
         lines += ["", "Celo2LOpt orthogonalizes its weight matrices' updates as Muon does; its target is ≤ 2× Muon's step.", "",
                   "| model | " + " | ".join(f"{name} ÷ optax.contrib.muon (update / train step)" for name in celo) + " |",

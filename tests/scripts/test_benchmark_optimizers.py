@@ -18,7 +18,7 @@ def test_bench_size_times_update_donated_step_and_floors(monkeypatch):
     is timed at each block asked for."""
     every = bo.optimizers()
     assert {"optax.adam", "optax.contrib.muon", "Celo2LOpt", "pretrained:normmlp_v3",
-            "pretrained:celo2_v4"} <= set(every)
+            "pretrained:celo2_v4", "pretrained:celo2_v7"} <= set(every)
     two = {k: v for k, v in every.items() if k in ("optax.adam", "MLPLOpt")}
     monkeypatch.setattr(bo, "optimizers", lambda: two)
     n, res, floors = bo.bench_size((6, 5, 3), repeats=2, floor_blocks=(8, 16))
@@ -59,3 +59,6 @@ def test_render_names_the_machine_and_takes_a_title():
     assert section.startswith("## Optimizer step (GPU)\n") and f"Machine: {bo.machine()};" in section
     assert bo.machine().endswith(f"jax {jax.__version__}") and "CPU cores" in bo.machine()
     assert "| 1M | 1.00 / 1.00 | 1.00 / 1.00 |" in section
+    res["pretrained:celo2_v7"] = bo.Timing(update_s=4e-3, step_s=3e-3, state_bytes=8.0)
+    with_v7 = bo.render({"1M": (10, res)}, 1e9, 3, "")
+    assert "pretrained:celo2_v7 ÷ optax.contrib.muon" in with_v7 and "| 1M | 1.00 / 1.00 | 1.00 / 1.00 | 2.00 / 3.00 |" in with_v7
