@@ -20,7 +20,7 @@ import tasks
 
 def lopt_step(family: Union[int, tasks.TaskFamily] = 4, learned_opt: Optional[lopt.LearnedOptimizer] = None,
               episode: Union[int, ot.TruncationSchedule] = 12, *,
-              meta_loss_split: Optional[str] = None) -> ot.LOptTruncatedStep:
+              meta_loss_split: Optional[str] = None, meta_loss_end_power: float = 0.0) -> ot.LOptTruncatedStep:
     """An `LOptTruncatedStep` from short arguments.
 
     Args:
@@ -28,6 +28,7 @@ def lopt_step(family: Union[int, tasks.TaskFamily] = 4, learned_opt: Optional[lo
       learned_opt: the learned optimizer (None: `lopt.LearnableSGD(0.1)`).
       episode: a TruncationSchedule, or T for `ConstantTruncationSchedule(T)` (episodes of T steps).
       meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
+      meta_loss_end_power: how much the meta-loss weighs the end of each episode (0: every step alike).
 
     Returns:
       the TruncatedStep.
@@ -38,7 +39,8 @@ def lopt_step(family: Union[int, tasks.TaskFamily] = 4, learned_opt: Optional[lo
         learned_opt = lopt.LearnableSGD(0.1)
     if isinstance(episode, int):
         episode = ot.ConstantTruncationSchedule(episode)
-    return ot.LOptTruncatedStep(family, learned_opt, episode, meta_loss_split=meta_loss_split)
+    return ot.LOptTruncatedStep(family, learned_opt, episode, meta_loss_split=meta_loss_split,
+                                meta_loss_end_power=meta_loss_end_power)
 
 
 def metrics_lines(output_dir: Union[str, os.PathLike]) -> list[dict]:

@@ -47,7 +47,7 @@ def estimator_on_family(truncated_step: LOptTruncatedStep, *, task_family: TaskF
         `truncated_step`'s, None for the normalised train loss, or a data split (e.g. "outer_valid").
 
     Returns:
-      `estimator(LOptTruncatedStep(task_family, ...))`.
+      `estimator(LOptTruncatedStep(task_family, ...))`, with `truncated_step`'s `meta_loss_end_power`.
 
     Raises:
       TypeError: `truncated_step` is not an `LOptTruncatedStep` or `task_family` not a TaskFamily.
@@ -58,5 +58,5 @@ def estimator_on_family(truncated_step: LOptTruncatedStep, *, task_family: TaskF
         raise TypeError(f"estimator_on_family: task_family must be a tasks.TaskFamily, got {type(task_family).__name__}")
     split = truncated_step.meta_loss_split if meta_loss_split == RUN_SPLIT else meta_loss_split
     step = LOptTruncatedStep(task_family, truncated_step.learned_opt, truncated_step.trunc_sched,
-                             meta_loss_split=split)
+                             meta_loss_split=split, meta_loss_end_power=truncated_step.meta_loss_end_power)
     return estimator(step)

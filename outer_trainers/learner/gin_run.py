@@ -59,8 +59,8 @@ RESUME_SAFE = (("train.num_steps", "train.resume", "train.overwrite", "train.ext
                 "train.workers") + tuple(f"{module}{name}." for name in SETTINGS_GROUPS
                                          for module in ("", "outer_trainers.")))
 # the arguments of `train` that describe the run's learner and estimators (what `GinRun` rebuilds on a worker)
-RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split", "theta_ema",
-            "theta_init", "theta_init_changes")
+RUN_ARGS = ("task_family", "learned_opt", "trunc_sched", "estimators", "outer_opt", "meta_loss_split",
+            "meta_loss_end_power", "theta_ema", "theta_init", "theta_init_changes")
 
 
 @gin.configurable
@@ -199,7 +199,7 @@ def meta_evaluator(learned_opt: LearnedOptimizer, task_family: TaskFamily, setti
 def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_opt: LearnedOptimizer = gin.REQUIRED,
           trunc_sched: TruncationSchedule = gin.REQUIRED, estimators: Sequence[Callable] = gin.REQUIRED,
           estimator_weights: Optional[Sequence[float]] = None, outer_opt: optax.GradientTransformation = gin.REQUIRED,
-          meta_loss_split: Optional[str] = None, num_steps: int = 100, seed: int = 0,
+          meta_loss_split: Optional[str] = None, meta_loss_end_power: float = 0.0, num_steps: int = 100, seed: int = 0,
           theta_ema: Optional[float] = None, theta_init: Optional[str] = None, theta_init_changes: Sequence[str] = (),
           num_workers: int = 0, workers: Any = None, resume: bool = True, overwrite: bool = False,
           extend: bool = False, config_text: Optional[str] = None) -> ot.OuterTrainState:
@@ -236,6 +236,8 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
       estimator_weights: the estimators' weights in the averaged gradient (default: equal).
       outer_opt: the optax optimizer of theta.
       meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
+      meta_loss_end_power: p, how much the meta-loss weighs the end of each inner episode: step t of T counts
+        (p + 1) · (t / T)^p times (`LOptTruncatedStep`; 0, the default: every step alike).
       num_steps: outer steps.
       seed: the run's PRNG seed (the comparison uses seed + 10000).
       theta_ema: keep a moving average of theta with this decay (e.g. 0.99; `GradientLearner(theta_ema=...)`)
@@ -276,7 +278,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     copies = worker_copies(num_workers, len(estimators))
     learner, ests = build_run(task_family=task_family, learned_opt=learned_opt, trunc_sched=trunc_sched,
                               estimators=estimators, outer_opt=outer_opt, meta_loss_split=meta_loss_split,
-                              copies=copies, theta_ema=theta_ema, theta_init=theta_init,
+                              meta_loss_end_power=meta_loss_end_power, copies=copies, theta_ema=theta_ema, theta_init=theta_init,
                               theta_init_changes=theta_init_changes)
     on_ray = num_workers > 0
     evaluator = None

@@ -92,7 +92,7 @@ def worker_copies(num_workers: int, num_estimators: int) -> int:
 
 def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_sched: TruncationSchedule,
               estimators: Sequence[Callable], outer_opt: optax.GradientTransformation,
-              meta_loss_split: Optional[str] = None, copies: int = 1,
+              meta_loss_split: Optional[str] = None, meta_loss_end_power: float = 0.0, copies: int = 1,
               theta_ema: Optional[float] = None, theta_init: Optional[str] = None,
               theta_init_changes: Sequence[str] = ()) -> tuple:
     """The GradientLearner and the estimators of a run (nothing is compiled).
@@ -104,6 +104,8 @@ def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_s
       estimators: classes or factories taking the truncated step, one gradient estimator each.
       outer_opt: the optax optimizer of theta.
       meta_loss_split: the data split of the meta-loss (None: the normalised train loss).
+      meta_loss_end_power: how much the meta-loss weighs the end of each episode
+        (`LOptTruncatedStep`; 0: every step alike).
       copies: how many times the estimator list is repeated (each copy has its own particles).
       theta_ema: the learner's moving average of theta (`GradientLearner(theta_ema=...)`; None: none).
       theta_init: where meta-training starts (`load_theta_init`): "pretrained:NAME", a theta file or an
@@ -118,7 +120,8 @@ def build_run(*, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_s
     Raises:
       ValueError: `theta_init` cannot be read or is a theta of another architecture or config.
     """
-    step = ot.LOptTruncatedStep(task_family, learned_opt, trunc_sched, meta_loss_split=meta_loss_split)
+    step = ot.LOptTruncatedStep(task_family, learned_opt, trunc_sched, meta_loss_split=meta_loss_split,
+                                meta_loss_end_power=meta_loss_end_power)
     start = None if theta_init is None else load_theta_init(theta_init, learned_opt, theta_init_changes)
     learner = ot.GradientLearner(learned_opt, outer_opt, theta_init=start, theta_ema=theta_ema)
     return learner, [make(step) for _ in range(copies) for make in estimators]

@@ -7,6 +7,8 @@ episode and the truncation state. One step:
     updates, opt_state = lopt.opt_fn(θ).update(g, opt_state, params, loss=ℓ)
     params ← params + updates
     meta-loss = task.normalizer(ℓ)     (or the normalised loss on `meta_loss_split` after the update)
+    meta-loss ← (p + 1) · (t / T)^p · meta-loss     with `meta_loss_end_power` p > 0 (t the step within the
+                                                     episode after this one, T the episode's length)
 
 When the truncation schedule says the episode is over — or the inner loss or the new params
 are non-finite — the particle resets to a freshly sampled task. A non-finite step is masked
@@ -59,10 +61,15 @@ class LOptTruncatedStep(TruncatedStep):
         meta_loss_split: None to use the normalised training loss of each step as its
             meta-loss, or a data split (e.g. "outer_valid") whose normalised loss after the
             update is used instead; needs a task family with data.
+        meta_loss_end_power: p ≥ 0, how much the meta-loss weighs the end of each episode: step t
+            of an episode of T steps (t = 1..T) counts (p + 1) · (t / T)^p times, a weight whose mean over
+            the episode is about 1. 0 (the default) weighs every step alike, the meta-loss of the
+            literature; p = 3 puts about two thirds of an episode's weight on its last quarter, so that
+            the loss at the end of training, what a user reads off, counts most.
     """
 
     def __init__(self, task_family: TaskFamily, learned_opt: LearnedOptimizer, trunc_sched: TruncationSchedule,
-                 meta_loss_split: Optional[str] = None):
+                 meta_loss_split: Optional[str] = None, meta_loss_end_power: float = 0.0):
         if not isinstance(learned_opt, LearnedOptimizer):
             raise TypeError(f"learned_opt must be a lopt.LearnedOptimizer, got {type(learned_opt).__name__}")
         if not isinstance(trunc_sched, TruncationSchedule):
@@ -73,7 +80,10 @@ class LOptTruncatedStep(TruncatedStep):
         self.task_family = task_family
         self.learned_opt = learned_opt
         self.trunc_sched = trunc_sched
+        if not (isinstance(meta_loss_end_power, (int, float)) and 0 <= meta_loss_end_power < float("inf")):
+            raise ValueError(f"meta_loss_end_power must be a finite number >= 0, got {meta_loss_end_power!r}")
         self.meta_loss_split = meta_loss_split
+        self.meta_loss_end_power = float(meta_loss_end_power)
 
     @property
     def name(self) -> str:
@@ -131,6 +141,9 @@ class LOptTruncatedStep(TruncatedStep):
             meta_loss = task.normalizer(task.loss_with_state(params, model_state, k_meta, meta_batch)[0])
 
         inner_step = state.inner_step + 1
+        if self.meta_loss_end_power > 0:
+            p = self.meta_loss_end_power
+            meta_loss = meta_loss * (p + 1) * (inner_step / state.trunc_state.length) ** p
         # A finished episode is re-initialised (fresh length included) by the reset, so only the test is needed.
         trunc_state = state.trunc_state
         is_done = self.trunc_sched.done(trunc_state, inner_step, outer_state)

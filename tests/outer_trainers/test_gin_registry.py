@@ -154,7 +154,7 @@ def test_chained_refuses_what_is_not_a_list_of_transforms():
 
 def test_gin_scoped_estimators_on_several_families():
     """A mix of families in gin: one `estimator_on_family` per scope, each on its own family with
-    the run's learned optimizer, truncation schedule and meta-loss split (nothing is compiled)."""
+    the run's learned optimizer, truncation schedule, meta-loss split and end power (nothing is compiled)."""
     gin.clear_config()
     try:
         gin.parse_config([
@@ -165,7 +165,8 @@ def test_gin_scoped_estimators_on_several_families():
             "b/estimator_on_family.task_family = @b/QuadraticFamily()", "b/QuadraticFamily.dim = 7",
         ])
         makers = probe()
-        base = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=5), lopt.LearnableSGD(), ot.ConstantTruncationSchedule(10))
+        base = ot.LOptTruncatedStep(tasks.QuadraticFamily(dim=5), lopt.LearnableSGD(), ot.ConstantTruncationSchedule(10),
+                                    meta_loss_end_power=3)
         ests = [make(base) for make in makers]
     finally:
         gin.clear_config()
@@ -174,6 +175,7 @@ def test_gin_scoped_estimators_on_several_families():
         assert isinstance(e, ot.TruncatedPES) and e.num_tasks == 2 and e.trunc_length == 5
         assert e.truncated_step.learned_opt is base.learned_opt and e.truncated_step.trunc_sched is base.trunc_sched
         assert e.truncated_step.meta_loss_split is None  # the run's
+        assert e.truncated_step.meta_loss_end_power == 3.0  # the run's
     with pytest.raises(TypeError, match="task_family must be a tasks.TaskFamily"):
         ot.estimator_on_family(base, task_family="digits", estimator=ot.TruncatedPES)
     # an estimator's own meta-loss split reaches its truncated step (a family without data refuses one)

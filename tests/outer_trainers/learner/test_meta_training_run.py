@@ -44,9 +44,10 @@ def test_build_run_repeats_the_estimator_list_on_one_step():
     make = lambda step: ot.TruncatedPES(step, 2, 3)
     learner, ests = M.build_run(task_family=lopt_step(3).task_family, learned_opt=lopt.LearnableSGD(0.1),
                                 trunc_sched=ot.ConstantTruncationSchedule(6), estimators=[make, make],
-                                outer_opt=optax.adam(1e-3), copies=2)
+                                outer_opt=optax.adam(1e-3), meta_loss_end_power=2, copies=2)
     assert isinstance(learner, ot.GradientLearner) and len(ests) == 4
     assert len({id(e.truncated_step) for e in ests}) == 1
+    assert ests[0].truncated_step.meta_loss_end_power == 2.0
 
 
 def _old_run(out):

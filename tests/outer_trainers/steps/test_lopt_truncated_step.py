@@ -92,6 +92,32 @@ def test_meta_loss_split_uses_validation_data():
     assert np.isfinite(out.loss) and 0.5 < float(out.loss) < 1.6
 
 
+def test_meta_loss_end_power_weighs_each_step_by_its_place_in_the_episode():
+    """With p = 2 and episodes of 4 steps, step t's meta-loss is 3 (t / 4)^2 times the unweighted one,
+    t = 1, 2, 3, 4 and again from 1 after the reset (whose fresh task both steps draw alike); the
+    training itself (params, resets) is unchanged, and the weights' mean over an episode is near 1."""
+    plain, weighted = lopt_step(4, lopt.LearnableSGD(0.1), 4), lopt_step(4, lopt.LearnableSGD(0.1), 4,
+                                                                       meta_loss_end_power=2)
+    theta = plain.learned_opt.init(jax.random.key(0))
+    s_plain = s_weighted = plain.init(theta, jax.random.key(1))
+    ratios = []
+    for i in range(6):
+        s_plain, out_plain = plain.step(theta, s_plain, jax.random.key(10 + i))
+        s_weighted, out_weighted = weighted.step(theta, s_weighted, jax.random.key(10 + i))
+        chex.assert_trees_all_equal(s_weighted.params, s_plain.params)
+        assert bool(out_weighted.is_done) == bool(out_plain.is_done)
+        ratios.append(float(out_weighted.loss) / float(out_plain.loss))
+    t = np.array([1, 2, 3, 4, 1, 2])
+    np.testing.assert_allclose(ratios, 3 * (t / 4) ** 2, rtol=1e-6)
+    assert abs(np.mean(3 * (np.arange(1, 5) / 4) ** 2) - 1) < 0.5
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan"), "3"])
+def test_meta_loss_end_power_must_be_a_finite_number_at_least_zero(bad):
+    with pytest.raises(ValueError, match="meta_loss_end_power must be a finite number >= 0"):
+        lopt_step(2, lopt.LearnableSGD(), 3, meta_loss_end_power=bad)
+
+
 def test_meta_loss_split_requires_data():
     with pytest.raises(ValueError, match="meta_loss_split"):
         ot.LOptTruncatedStep(tasks.QuadraticFamily(2), lopt.LearnableSGD(), ot.ConstantTruncationSchedule(2),
