@@ -278,8 +278,8 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     copies = worker_copies(num_workers, len(estimators))
     learner, ests = build_run(task_family=task_family, learned_opt=learned_opt, trunc_sched=trunc_sched,
                               estimators=estimators, outer_opt=outer_opt, meta_loss_split=meta_loss_split,
-                              meta_loss_end_power=meta_loss_end_power, copies=copies, theta_ema=theta_ema, theta_init=theta_init,
-                              theta_init_changes=theta_init_changes)
+                              meta_loss_end_power=meta_loss_end_power, copies=copies, theta_ema=theta_ema,
+                              theta_init=theta_init, theta_init_changes=theta_init_changes)
     on_ray = num_workers > 0
     evaluator = None
     if meta_eval.every > 0 and not on_ray:  # on Ray an evaluation actor builds its own (GinEvaluator)
