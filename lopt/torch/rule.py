@@ -31,6 +31,7 @@ import torch
 from lopt.parts.features import loss_state_field
 from lopt.torch.parts.features import loss_features, progress_features, step_embedding
 from lopt.torch.parts.layout import Workspace
+from lopt.torch.parts.spec import param_state
 from lopt.torch.rules.overshoot_brake import OvershootBrake
 
 __all__ = ["Item", "Context", "Rule", "RULES", "register", "rule_for", "supported_architectures"]
@@ -89,6 +90,12 @@ class Context:
     def progress(self, items: Sequence[Item], use: bool = True) -> torch.Tensor:
         """The progress features of every item ([L, 3]; zeros unless `use`)."""
         return progress_features(self.steps, [it.horizon if use else None for it in items])
+
+    def lstm_context(self, timescales: Sequence[float], items: Sequence[Item],
+                     loss_feats: torch.Tensor) -> torch.Tensor:
+        """What a per-tensor LSTM reads besides its tensor's statistics, per item:
+        [emb(t) [L, T], progress(t, N) [L, 3], loss_feats [L, F]] -> [L, T + 3 + F]."""
+        return torch.cat([self.embedding(timescales), self.progress(items), loss_feats], dim=1)
 
 
 class Rule:
@@ -151,9 +158,10 @@ class Rule:
           dtype: the compute dtype (the state's dtype).
 
         Returns:
-          A dict of tensors on the parameter's device.
+          A dict of tensors on the parameter's device: by default every field of the architecture's
+          spec (`lopt.torch.parts.spec.param_state`); a rule whose state holds more overrides this.
         """
-        raise NotImplementedError
+        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items: Sequence[Item], ctx: Context) -> Iterator[torch.Tensor]:
         """One update step of every item: their states updated, their updates yielded in order.

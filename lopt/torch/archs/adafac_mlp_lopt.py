@@ -13,7 +13,6 @@ import torch
 
 from lopt.torch.parts.factored import FactoredLeaf, decays_of
 from lopt.torch.parts.nn import as_columns, first_bias
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["AdafacMLPLOptRule"]
@@ -27,9 +26,6 @@ class AdafacMLPLOptRule(Rule):
       learned_opt: the `lopt.AdafacMLPLOpt`.
       theta: its meta-parameters (numpy arrays).
     """
-
-    def init_state(self, param, axes, dtype):
-        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta

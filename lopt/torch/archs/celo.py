@@ -18,7 +18,6 @@ import torch
 
 from lopt.torch.layout import inverse_axes
 from lopt.torch.parts import learned_scheduler
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["CeloRule"]
@@ -41,7 +40,7 @@ class CeloRule(Rule):
     requires_horizon = True
 
     def init_state(self, param, axes, dtype):
-        return learned_scheduler.init_state(param_state(self.spec, param, axes, dtype), self.theta["scheduler"])
+        return learned_scheduler.init_state(super().init_state(param, axes, dtype), self.theta["scheduler"])
 
     def features(self, g, p, m, v, st, ctx) -> dict:
         """The features of one tensor in JAX layout by name (each [*s]); st's factored moments advanced."""

@@ -48,7 +48,6 @@ from lopt.torch.param_roles import jax_role, role_of
 from lopt.torch.parts.moment_features import FlatLeaf, pow_f32
 from lopt.torch.parts.newton_schulz import orthogonalized_step
 from lopt.torch.parts.nn import as_columns
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.horizon import horizon_scale
 from lopt.torch.rules.schedule import prior_schedule
@@ -72,7 +71,7 @@ class Celo2LOptRule(Rule):
     reads_roles = True
 
     def init_state(self, param, axes, dtype, role=None):
-        state = param_state(self.spec, param, axes, dtype)
+        state = super().init_state(param, axes, dtype)
         if self.brake is not None:
             state.update(self.brake.init_param_state(param))
         state["role"] = role_of(param, role)

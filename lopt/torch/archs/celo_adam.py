@@ -15,7 +15,6 @@ import torch
 
 from lopt.torch.parts import learned_scheduler
 from lopt.torch.parts.moment_features import pow_f32
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["CeloAdamRule"]
@@ -34,7 +33,7 @@ class CeloAdamRule(Rule):
     requires_horizon = True
 
     def init_state(self, param, axes, dtype):
-        return learned_scheduler.init_state(param_state(self.spec, param, axes, dtype), self.theta["scheduler"])
+        return learned_scheduler.init_state(super().init_state(param, axes, dtype), self.theta["scheduler"])
 
     def updates(self, items, ctx):
         lo, consts = self.learned_opt, self.spec.constants

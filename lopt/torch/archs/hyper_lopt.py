@@ -15,7 +15,6 @@ import torch
 from lopt.torch.parts.factored import FactoredLeaf, decays_of
 from lopt.torch.parts.features import lstm_inputs
 from lopt.torch.parts.nn import as_columns, run_lstm
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["HyperLOptRule"]
@@ -32,9 +31,6 @@ class HyperLOptRule(Rule):
 
     reads_loss = True
 
-    def init_state(self, param, axes, dtype):
-        return param_state(self.spec, param, axes, dtype)
-
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta
         loss_feats = self.loss_features(items, ctx)
@@ -50,7 +46,7 @@ class HyperLOptRule(Rule):
             stats.append(leaf.mean_squares())
             leaves.append(leaf)
         stats = torch.stack(stats)
-        ctx_feats = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items), loss_feats], dim=1)
+        ctx_feats = ctx.lstm_context(lo.timescales, items, loss_feats)
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         weights = th["w_base"] + (h @ th["generator"]) * lo.gen_scale
         lr_mult = torch.exp(h @ th["w_lr"])

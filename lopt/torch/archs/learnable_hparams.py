@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["LearnableSGDRule", "LearnableSGDMRule", "LearnableAdamRule"]
@@ -26,9 +25,6 @@ class LearnableSGDRule(Rule):
       theta: its meta-parameters (numpy arrays).
     """
 
-    def init_state(self, param, axes, dtype):
-        return param_state(self.spec, param, axes, dtype)
-
     def updates(self, items, ctx):
         neg_lr = -torch.exp(ctx.theta["log_lr"])
         return [it.grad.detach().to(ctx.dtype) * neg_lr for it in items]
@@ -42,9 +38,6 @@ class LearnableSGDMRule(Rule):
       learned_opt: the `lopt.LearnableSGDM`.
       theta: its meta-parameters (numpy arrays).
     """
-
-    def init_state(self, param, axes, dtype):
-        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         neg_lr = -torch.exp(ctx.theta["log_lr"])
@@ -63,9 +56,6 @@ class LearnableAdamRule(Rule):
       learned_opt: the `lopt.LearnableAdam`.
       theta: its meta-parameters (numpy arrays).
     """
-
-    def init_state(self, param, axes, dtype):
-        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         th = ctx.theta

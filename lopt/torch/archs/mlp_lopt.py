@@ -19,7 +19,6 @@ import torch
 
 from lopt.torch.parts.moment_features import FlatLeaf
 from lopt.torch.parts.nn import as_columns, first_bias
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["MLPLOptRule"]
@@ -35,9 +34,6 @@ class MLPLOptRule(Rule):
     """
 
     flat_momenta = True
-
-    def init_state(self, param, axes, dtype):
-        return param_state(self.spec, param, axes, dtype)
 
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta

@@ -16,7 +16,6 @@ import torch
 from lopt.parts.nn import logit
 from lopt.torch.parts.features import lstm_inputs
 from lopt.torch.parts.nn import run_lstm
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["NNAdamRule"]
@@ -33,9 +32,6 @@ class NNAdamRule(Rule):
 
     reads_loss = True
 
-    def init_state(self, param, axes, dtype):
-        return param_state(self.spec, param, axes, dtype)
-
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta
         loss_feats = self.loss_features(items, ctx)
@@ -47,7 +43,7 @@ class NNAdamRule(Rule):
             {"mean_g2": mean(torch.square(g)), "mean_m2": mean(torch.square(it.state["mu"])),
              "mean_v": mean(it.state["nu"]), "mean_p2": mean(torch.square(it.param.detach().to(ctx.dtype)))}
             for g, it in zip(grads, items))])
-        ctx_feats = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items), loss_feats], dim=1)
+        ctx_feats = ctx.lstm_context(lo.timescales, items, loss_feats)
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         hp = base + h @ th["output"]["w"] + th["output"]["b"]
         lr, b1, b2, eps = torch.exp(hp[:, 0]), torch.sigmoid(hp[:, 1]), torch.sigmoid(hp[:, 2]), torch.exp(hp[:, 3])

@@ -34,7 +34,6 @@ from lopt.torch.param_roles import role_of
 from lopt.torch.parts.moment_features import FlatLeaf, pow_f32
 from lopt.torch.parts.newton_schulz import newton_schulz
 from lopt.torch.parts.nn import as_columns
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.schedule import prior_schedule
 
@@ -56,7 +55,7 @@ class NormMLPLOptRule(Rule):
     def init_state(self, param, axes, dtype, role=None):
         lo = self.learned_opt
         kind = role_of(param, role)
-        state = param_state(self.spec, param, axes, dtype)
+        state = super().init_state(param, axes, dtype)
         if self.brake is not None:
             state.update(self.brake.init_param_state(param))
         state["role"] = kind

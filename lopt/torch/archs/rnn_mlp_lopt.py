@@ -16,7 +16,6 @@ import torch
 from lopt.torch.parts.features import lstm_inputs
 from lopt.torch.parts.moment_features import FlatLeaf
 from lopt.torch.parts.nn import as_columns, run_lstm
-from lopt.torch.parts.spec import param_state
 from lopt.torch.rule import Rule, register
 
 __all__ = ["RNNMLPLOptRule"]
@@ -34,9 +33,6 @@ class RNNMLPLOptRule(Rule):
     flat_momenta = True
     reads_loss = True
 
-    def init_state(self, param, axes, dtype):
-        return param_state(self.spec, param, axes, dtype)
-
     def updates(self, items, ctx):
         lo, th = self.learned_opt, ctx.theta
         loss_feats = self.loss_features(items, ctx)
@@ -51,7 +47,7 @@ class RNNMLPLOptRule(Rule):
             stats.append(leaf.accumulate_and_sum(decays, lo.rms_decay) / leaf.n)
             leaves.append(leaf)
         stats = torch.stack(stats)
-        ctx_feats = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items), loss_feats], dim=1)
+        ctx_feats = ctx.lstm_context(lo.timescales, items, loss_feats)
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         cond = h @ th["w_cond"]
         lr_mult = torch.exp(h @ th["w_lr"])
