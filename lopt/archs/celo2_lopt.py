@@ -86,7 +86,7 @@ from lopt.parts.moment_features import (MomentFeatures, accumulate, accumulator_
                                         init_accumulators, normalized_feature_mlp)
 from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_scale
 from lopt.parts.nn import later_layers, residual_mlp_init
-from lopt.parts.spec import PARAM, STEP, ArchSpec, StateField, iteration_field
+from lopt.parts.spec import ArchSpec, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
 from lopt.rules import depth, horizon, overshoot_brake, radial, schedule, weight_decay as wd_rule
 
@@ -249,8 +249,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         if self.wd_loss_power > 0:
             state += (wd_rule.loss_start_field(),)
         if self.overshoot_gain > 0:
-            state += (StateField("prev_update", PARAM, torch_per_param=False, doc="the brake's Δp_{t−1}"),
-                      StateField("log_brake", STEP, torch_per_param=False, doc="the brake's log α_{t−1}"))
+            state += overshoot_brake.state_fields()
         return ArchSpec("Celo2LOpt", feature_names(len(self.decays)), constants, state)
 
     def init(self, key: jax.Array) -> dict:

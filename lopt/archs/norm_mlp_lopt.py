@@ -84,7 +84,7 @@ from lopt.parts.moment_features import (MomentFeatures, accumulate, accumulator_
                                         init_accumulators, normalized_feature_mlp)
 from lopt.parts.newton_schulz import orthogonalize
 from lopt.parts.nn import later_layers, residual_mlp_init
-from lopt.parts.spec import PARAM, STEP, ArchSpec, StateField, iteration_field
+from lopt.parts.spec import PARAM, ArchSpec, StateField, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
 from lopt.rules import overshoot_brake, schedule
 
@@ -225,8 +225,7 @@ class NormMLPLOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             StateField("scales", PARAM, shape_of=lambda s: (), fill=1.0, torch_name="scale",
                        doc="ρ(p), fixed at init (1 without relative_step)"))
         if self.overshoot_gain > 0:
-            state += (StateField("prev_update", PARAM, torch_per_param=False, doc="the brake's Δp_{t−1}"),
-                      StateField("log_brake", STEP, torch_per_param=False, doc="the brake's log α_{t−1}"))
+            state += overshoot_brake.state_fields()
         return ArchSpec("NormMLPLOpt", feature_names(len(self.decays)), constants, state)
 
     def init(self, key: jax.Array) -> dict:

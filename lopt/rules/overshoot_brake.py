@@ -32,9 +32,10 @@ import jax.numpy as jnp
 import optax
 
 from lopt.parts.layout import is_sharded
+from lopt.parts.spec import PARAM, STEP, StateField
 from lopt.parts.tree_checks import check_real_floating
 
-__all__ = ["OvershootBrakeState", "overshoot_brake", "brake_step", "check_options", "FLOOR"]
+__all__ = ["OvershootBrakeState", "overshoot_brake", "brake_step", "check_options", "state_fields", "FLOOR"]
 
 FLOOR = 0.01
 
@@ -82,6 +83,14 @@ def _inner(a: jax.Array, b: jax.Array) -> jax.Array:
     """⟨a, b⟩ over every element: a flat dot product, or, for a tensor sharded over an explicit mesh
     (which cannot be flattened), the sum of the elementwise product over its own shape."""
     return jnp.sum(a * b) if is_sharded(a) else jnp.vdot(a, b)
+
+
+def state_fields() -> tuple:
+    """The brake's entries in an architecture's spec (`lopt.parts.spec.StateField`s): "prev_update",
+    Δp_{t−1} per parameter, and "log_brake", log α_{t−1} [], both kept by `TorchLearnedOptimizer` for
+    the whole model rather than per parameter."""
+    return (StateField("prev_update", PARAM, torch_per_param=False, doc="the brake's Δp_{t−1}"),
+            StateField("log_brake", STEP, torch_per_param=False, doc="the brake's log α_{t−1}"))
 
 
 def check_options(gain: float, threshold: float) -> None:

@@ -91,11 +91,11 @@ class Context:
         """The progress features of every item ([L, 3]; zeros unless `use`)."""
         return progress_features(self.steps, [it.horizon if use else None for it in items])
 
-    def lstm_context(self, timescales: Sequence[float], items: Sequence[Item],
-                     loss_feats: torch.Tensor) -> torch.Tensor:
-        """What a per-tensor LSTM reads besides its tensor's statistics, per item:
-        [emb(t) [L, T], progress(t, N) [L, 3], loss_feats [L, F]] -> [L, T + 3 + F]."""
-        return torch.cat([self.embedding(timescales), self.progress(items), loss_feats], dim=1)
+    def context_row(self, timescales: Sequence[float], items: Sequence[Item], loss_feats: torch.Tensor,
+                    use_progress: bool = True) -> torch.Tensor:
+        """The tensor-independent context per item that step-size heads and per-tensor LSTMs read:
+        [emb(t) [L, T], progress(t, N) [L, 3] (zeros unless `use_progress`), loss_feats [L, F]] -> [L, T + 3 + F]."""
+        return torch.cat([self.embedding(timescales), self.progress(items, use_progress), loss_feats], dim=1)
 
 
 class Rule:
@@ -159,9 +159,13 @@ class Rule:
 
         Returns:
           A dict of tensors on the parameter's device: by default every field of the architecture's
-          spec (`lopt.torch.parts.spec.param_state`); a rule whose state holds more overrides this.
+          spec (`lopt.torch.parts.spec.param_state`) and, with a brake, its per-parameter state; a
+          rule whose state holds more extends this.
         """
-        return param_state(self.spec, param, axes, dtype)
+        state = param_state(self.spec, param, axes, dtype)
+        if self.brake is not None:
+            state.update(self.brake.init_param_state(param))
+        return state
 
     def updates(self, items: Sequence[Item], ctx: Context) -> Iterator[torch.Tensor]:
         """One update step of every item: their states updated, their updates yielded in order.

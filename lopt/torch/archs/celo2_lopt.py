@@ -48,6 +48,7 @@ from lopt.torch.param_roles import jax_role, role_of
 from lopt.torch.parts.moment_features import FlatLeaf, pow_f32
 from lopt.torch.parts.newton_schulz import orthogonalized_step
 from lopt.torch.parts.nn import as_columns
+from lopt.torch.parts.step_size import bounded_step_sizes
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.horizon import horizon_scale
 from lopt.torch.rules.schedule import prior_schedule
@@ -72,24 +73,20 @@ class Celo2LOptRule(Rule):
 
     def init_state(self, param, axes, dtype, role=None):
         state = super().init_state(param, axes, dtype)
-        if self.brake is not None:
-            state.update(self.brake.init_param_state(param))
         state["role"] = role_of(param, role)
         return state
 
     def step_sizes(self, ctx: Context, items, loss_feats: torch.Tensor) -> torch.Tensor:
         """(η_matrix, η_adam) per item, times the prior schedule σ: [L, 2]."""
         lo, lr = self.learned_opt, ctx.theta["lr"]
-        z = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items, lo.use_num_steps), loss_feats], dim=1)
-        h = torch.relu(z @ lr["hidden"]["w"] + lr["hidden"]["b"])
-        s = h @ lr["output"]["w"] + lr["output"]["b"]
+        z = ctx.context_row(lo.timescales, items, loss_feats, lo.use_num_steps)
         base = torch.tensor([lo.matrix_lr, lo.adam_lr], dtype=ctx.dtype, device=ctx.device)
         sigma = prior_schedule(lo.schedule, ctx, items) * horizon_scale(lo.horizon_reference, lo.horizon_power, ctx, items)
         stepped = ctx.stepped or items
         depth = matrix_depth([it.jax_shape for it in stepped],
                              [jax_role(it.state.get("role") or role_of(it.param), it.jax_shape) for it in stepped])
         base = base * torch.tensor([lo.depth_scale(depth), 1.0], dtype=ctx.dtype, device=ctx.device)
-        return base * torch.exp(lo.log_lr_range * torch.tanh(s)) * sigma[:, None]
+        return bounded_step_sizes(lr, z, base, lo.log_lr_range) * sigma[:, None]
 
     def updates(self, items, ctx):
         lo, mlp, consts = self.learned_opt, ctx.theta["mlp"], self.spec.constants

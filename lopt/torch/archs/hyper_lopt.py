@@ -46,7 +46,7 @@ class HyperLOptRule(Rule):
             stats.append(leaf.mean_squares())
             leaves.append(leaf)
         stats = torch.stack(stats)
-        ctx_feats = ctx.lstm_context(lo.timescales, items, loss_feats)
+        ctx_feats = ctx.context_row(lo.timescales, items, loss_feats)
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         weights = th["w_base"] + (h @ th["generator"]) * lo.gen_scale
         lr_mult = torch.exp(h @ th["w_lr"])

@@ -43,7 +43,7 @@ class NNAdamRule(Rule):
             {"mean_g2": mean(torch.square(g)), "mean_m2": mean(torch.square(it.state["mu"])),
              "mean_v": mean(it.state["nu"]), "mean_p2": mean(torch.square(it.param.detach().to(ctx.dtype)))}
             for g, it in zip(grads, items))])
-        ctx_feats = ctx.lstm_context(lo.timescales, items, loss_feats)
+        ctx_feats = ctx.context_row(lo.timescales, items, loss_feats)
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         hp = base + h @ th["output"]["w"] + th["output"]["b"]
         lr, b1, b2, eps = torch.exp(hp[:, 0]), torch.sigmoid(hp[:, 1]), torch.sigmoid(hp[:, 2]), torch.exp(hp[:, 3])

@@ -34,6 +34,7 @@ from lopt.torch.param_roles import role_of
 from lopt.torch.parts.moment_features import FlatLeaf, pow_f32
 from lopt.torch.parts.newton_schulz import newton_schulz
 from lopt.torch.parts.nn import as_columns
+from lopt.torch.parts.step_size import bounded_step_sizes
 from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.schedule import prior_schedule
 
@@ -56,8 +57,6 @@ class NormMLPLOptRule(Rule):
         lo = self.learned_opt
         kind = role_of(param, role)
         state = super().init_state(param, axes, dtype)
-        if self.brake is not None:
-            state.update(self.brake.init_param_state(param))
         state["role"] = kind
         scale = state[self.spec.field("scales").key]  # ρ(p): 1 unless relative_step
         if lo.relative_step and kind != "vector" and param.numel() > 0:
@@ -72,11 +71,8 @@ class NormMLPLOptRule(Rule):
     def step_sizes(self, ctx: Context, items, loss_feats: torch.Tensor) -> torch.Tensor:
         """η per item and kind (matrix, vector), times the prior schedule σ: [L, 2]."""
         lo, lr = self.learned_opt, ctx.theta["lr"]
-        z = torch.cat([ctx.embedding(lo.timescales), ctx.progress(items, lo.use_num_steps), loss_feats], dim=1)
-        h = torch.relu(z @ lr["hidden"]["w"] + lr["hidden"]["b"])
-        s = h @ lr["output"]["w"] + lr["output"]["b"]
-        lrs = lo.base_lr * torch.exp(lo.log_lr_range * torch.tanh(s))
-        return lrs * self.prior_schedule(ctx, items)[:, None]
+        z = ctx.context_row(lo.timescales, items, loss_feats, lo.use_num_steps)
+        return bounded_step_sizes(lr, z, lo.base_lr, lo.log_lr_range) * self.prior_schedule(ctx, items)[:, None]
 
     def prior_schedule(self, ctx: Context, items) -> torch.Tensor:
         """σ(t, N) per item, [L] (`lopt.torch.rules.schedule.prior_schedule`)."""

@@ -47,7 +47,7 @@ class RNNMLPLOptRule(Rule):
             stats.append(leaf.accumulate_and_sum(decays, lo.rms_decay) / leaf.n)
             leaves.append(leaf)
         stats = torch.stack(stats)
-        ctx_feats = ctx.lstm_context(lo.timescales, items, loss_feats)
+        ctx_feats = ctx.context_row(lo.timescales, items, loss_feats)
         h = run_lstm(th["lstm"], lstm_inputs(stats, items, ctx_feats), items)
         cond = h @ th["w_cond"]
         lr_mult = torch.exp(h @ th["w_lr"])
