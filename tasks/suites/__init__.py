@@ -27,6 +27,12 @@ Suites (`names()`):
 - validation-long-cpu: validation-cpu's 6 tasks at 10 000 steps each (`val10k_...`): for choosing
   what concerns long runs (a deployment option, a checkpoint for long horizons) on tasks that are
   not the long-horizon suites'; about 10 CPU-minutes against tuned Adam and a learned optimizer.
+- validation-scaling-cpu: validation-cpu's 3 image MLPs 4x wider (`..._x4wide`) and 3x deeper
+  (`..._x3deep`): for choosing what concerns wider and deeper nets on tasks that are not scaling-cpu's.
+- validation-signals-cpu: a GELU MLP (96x96, batch 64, 800 steps) and a swish-LayerNorm MLP (32,
+  batch 32, 600 steps) on signals1d, each 4x wider and 3x deeper (4 tasks, 3 seeds): the wide and
+  deep smooth-activation and LayerNorm MLPs on a small noisy dataset that validation-scaling-cpu
+  lacks, for choosing what concerns their over-fitting; no file.
 - smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
 - long-horizon-cpu: 7 small tasks at 10 000-20 000 steps, 5-10x the 2000-step meta-training
   horizons of the shipped optimizers up to celo2_v2 (1-2x celo2_v4's 10 000): MLP autoencoders

@@ -125,9 +125,19 @@ _SCALING_CPU = _scaled_mlps(_HELDOUT_CPU)
 # variants) on tasks that are not scaling-cpu's.
 _VALIDATION_SCALING_CPU = _scaled_mlps(_VALIDATION_CPU)
 
+# Smooth-activation and LayerNorm MLPs on signals1d, 4x wider and 3x deeper: the kind of scaling-cpu
+# task (a GELU or a swish-LayerNorm MLP on signals1d, wide or deep) that no other validation suite has,
+# for choosing what concerns over-fitting of wide and deep nets on a small noisy dataset. Not a test
+# suite's static config.
+_VALIDATION_SIGNALS_CPU = _scaled_mlps((
+    _mlp("val_signals_mlp_96x96_gelu", "signals1d", (96, 96), "gelu", 64, 800),
+    _mlp("val_signals_mlp_32_swish_layernorm_b32", "signals1d", (32,), "swish", 32, 600, norm="layer"),
+))
+
 _SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
            "validation-cpu": _VALIDATION_CPU, "validation-long-cpu": _VALIDATION_LONG_CPU,
-           "validation-scaling-cpu": _VALIDATION_SCALING_CPU, "long-horizon-cpu": _LONG_HORIZON_CPU,
+           "validation-scaling-cpu": _VALIDATION_SCALING_CPU, "validation-signals-cpu": _VALIDATION_SIGNALS_CPU,
+           "long-horizon-cpu": _LONG_HORIZON_CPU,
            "long-horizon-50k-cpu": _LONG_HORIZON_50K_CPU, "lm-cpu": _LM_CPU,
            "scaling-cpu": _SCALING_CPU}
 

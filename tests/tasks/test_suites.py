@@ -196,6 +196,14 @@ def test_new_suites_are_disjoint_from_the_test_and_validation_suites_and_name_ea
     # validation-cpu's MLPs wider and deeper: none of them is a scaling-cpu (or other test suite) task
     tests = _static("heldout-cpu-mnist") | _static("scaling-cpu") | _static("long-horizon-cpu") | _static("lm-cpu")
     assert not _static("validation-scaling-cpu") & tests
+    # signals1d GELU and swish-LayerNorm MLPs, 4x wider and 3x deeper: none of a test or validation suite
+    signals = suites.get("validation-signals-cpu")
+    assert not _static("validation-signals-cpu") & (tests | existing | _static("validation-scaling-cpu"))
+    assert {t.dataset for t in signals} == {"signals1d"} and {t.kind for t in signals} == {"image_mlp"}
+    assert {dict(t.arch)["activation"] for t in signals} == {"gelu", "swish"}
+    assert {dict(t.arch)["norm"] for t in signals} == {None, "layer"}
+    assert {t.name[-7:] for t in signals} == {"_x4wide", "_x3deep"}
+    assert all(len(t.seeds) == 3 and t.eval_split == "test" for t in signals)
 
 
 def _longest_meta_training_horizon():
