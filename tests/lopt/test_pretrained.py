@@ -223,3 +223,25 @@ def test_celo2_v7_is_celo2_v6_with_the_no_growth_rule():
         u6, u7 = (lopt.pretrained.load(n, num_steps=100).update(grads, lopt.pretrained.load(n, num_steps=100).init(params),
                                                                  params, loss=1.0)[0]["w"] for n in ("celo2_v6", "celo2_v7"))
         assert np.array_equal(np.asarray(u6), np.asarray(u7)) == same
+
+
+def test_celo2_v8_is_celo2_v7_with_the_decay_starting_earlier():
+    """celo2_v8 ships celo2_v5's theta file byte for byte, deployed as celo2_v7 with ρ_free = 3: the decay's
+    rate λ = 0.03 · clip(ℓ_0 / (3 ℓ̄), 1, 10) grows once the loss is 3× below its start (celo2_v7: 10×)."""
+    _check_deployed_as("celo2_v8", "celo2_v7", {"wd_loss_free": 3.0})
+    params = {"w": jax.random.normal(jax.random.key(0), (16, 8)) / 4.0}
+    grads = {"w": jnp.cos(jnp.arange(128.0)).reshape(16, 8)}
+
+    def update_at(name, loss):
+        """The update after a first step at loss 1 and 30 at `loss`: the loss EMA ℓ̄ (decay 0.9) ends
+        within 5% of `loss`'s distance from 1 to it, ℓ_0 = 1."""
+        tx = lopt.pretrained.load(name, num_steps=100)
+        update = jax.jit(tx.update)
+        state = update(grads, tx.init(params), params, loss=1.0)[1]
+        for _ in range(29):
+            state = update(grads, state, params, loss=loss)[1]
+        return np.asarray(update(grads, state, params, loss=loss)[0]["w"])
+
+    # ℓ̄ > 1/3: both decay at 0.03; ℓ̄ ≈ 0.23: celo2_v8's rate has grown (ℓ_0 / (3 ℓ̄) ≈ 1.4), celo2_v7's not
+    np.testing.assert_array_equal(update_at("celo2_v7", 0.5), update_at("celo2_v8", 0.5))
+    assert not np.array_equal(update_at("celo2_v7", 0.2), update_at("celo2_v8", 0.2))
