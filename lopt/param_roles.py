@@ -7,13 +7,17 @@ for common layers. Each leaf gets a `ParamRole`:
     kind         what it is                                   fan_in
     "matrix"     a weight summed over its reduction axes:      ∏ shape[reduction_axes]
                  dense [in, out]                                in
-                 conv [*spatial, in, out]                       ∏ spatial · in
+                 conv [*spatial, in, out]                       ∏ spatial · in   (spatial_axes: the window's)
                  attention q/k/v [d_model, heads, head_dim]     d_model
                  attention out [heads, head_dim, d_model]       heads · head_dim
     "embedding"  a lookup table [vocab, features], read one    —  (no fan-in factor, see below)
                  row per token
     "vector"     biases, norm scales and offsets, every         —  (absolute steps)
                  leaf of rank < 2
+
+A conv kernel's role also names its spatial (window) axes, `spatial_axes`, a subset of its reduction
+axes: the kernel is shared across positions, which a step rule may treat apart (e.g. the weight-decay
+rule's `wd_conv_loss_free`, `lopt.rules.weight_decay`). Dense and attention weights have none.
 
 An embedding is input-like in μP: its input is a one-hot vector, so its step does not shrink with
 the vocabulary or the width; a step rule gives it the relative step of a matrix at the reference
@@ -34,10 +38,10 @@ split at "/") and shape, statically (Python ints; nothing traced):
   4. rank ≥ 3 inside a module named query, key or value (flax linen / nnx attention): reduction
      axis 0; inside one named out: every axis but the last; inside a module whose name contains
      "conv": the spatial axes and the input-channel axis (haiku's ConvNDTranspose, whose "w" is
-     [*spatial, out, in], reduces over its last axis instead).
-  5. any other rank ≥ 3 leaf cannot be read: every axis but the last is assumed (a conv kernel's
-     layout), and `infer` warns once per path and shape, naming both and the assumption; with
-     `strict=True` it raises instead.
+     [*spatial, out, in], reduces over its last axis instead); spatial axes: all but the last two.
+  5. any other rank ≥ 3 leaf cannot be read: a conv kernel's layout is assumed (every axis but the
+     last reduced, all but the last two spatial), and `infer` warns once per path and shape, naming
+     both and the assumption; with `strict=True` it raises instead.
 
 Users state roles themselves with `weight_dimension_numbers`, in the spirit of
 `optax.contrib.muon`'s `muon_weight_dimension_numbers`: either a pytree with the params' structure
@@ -75,9 +79,12 @@ class ParamRole:
     Attributes:
       kind: "matrix", "embedding" or "vector" (module docstring).
       reduction_axes: a matrix's input axes, non-negative, sorted (empty for the other kinds).
+      spatial_axes: a conv kernel's window axes, a subset of `reduction_axes`, sorted (empty for
+        every other leaf).
     """
     kind: str
     reduction_axes: tuple[int, ...] = ()
+    spatial_axes: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -87,7 +94,17 @@ class ParamRole:
             raise ValueError("a 'matrix' role needs at least one reduction (input) axis")
         if self.kind != "matrix" and axes:
             raise ValueError(f"only a 'matrix' role has reduction axes, got {self.kind!r} with {axes}")
+        spatial = tuple(sorted(int(a) for a in self.spatial_axes))
+        if not set(spatial) <= set(axes):
+            raise ValueError(f"spatial axes {spatial} must be reduction axes of a 'matrix', got {self.kind!r} "
+                             f"with reduction axes {axes}")
         object.__setattr__(self, "reduction_axes", axes)
+        object.__setattr__(self, "spatial_axes", spatial)
+
+    @property
+    def is_conv(self) -> bool:
+        """Whether the leaf is a conv kernel (it has spatial axes)."""
+        return bool(self.spatial_axes)
 
     def fan_in(self, shape: Sequence[int]) -> Optional[int]:
         """The number of inputs summed into one output: ∏ shape[reduction_axes] for a matrix, None otherwise.
@@ -114,24 +131,27 @@ WeightDimensionNumbers = Union[ParamRole, "optax.contrib.MuonDimensionNumbers", 
 _SPEC_TYPES = (ParamRole, optax.contrib.MuonDimensionNumbers)
 
 
-def matrix(reduction_axes: Union[int, Sequence[int]] = 0, ndim: Optional[int] = None) -> ParamRole:
+def matrix(reduction_axes: Union[int, Sequence[int]] = 0, ndim: Optional[int] = None,
+           spatial_axes: Sequence[int] = ()) -> ParamRole:
     """A "matrix" role with these input axes (negative axes need `ndim`).
 
     Args:
       reduction_axes: an axis or axes summed over (the inputs).
       ndim: the leaf's rank, to resolve negative axes.
+      spatial_axes: for a conv kernel, its window axes (among the reduction axes); empty otherwise.
 
     Returns:
-      ParamRole("matrix", sorted non-negative axes).
+      ParamRole("matrix", sorted non-negative axes, sorted spatial axes).
     """
     axes = (reduction_axes,) if isinstance(reduction_axes, int) else tuple(reduction_axes)
-    if any(a < 0 for a in axes):
+    spatial = tuple(spatial_axes)
+    if any(a < 0 for a in axes + spatial):
         if ndim is None:
-            raise ValueError(f"negative reduction axes {axes} need the leaf's rank")
-        axes = tuple(a % ndim for a in axes)
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"repeated reduction axes {axes}")
-    return ParamRole("matrix", tuple(sorted(axes)))
+            raise ValueError(f"negative axes {axes}, {spatial} need the leaf's rank")
+        axes, spatial = tuple(a % ndim for a in axes), tuple(a % ndim for a in spatial)
+    if len(set(axes)) != len(axes) or len(set(spatial)) != len(spatial):
+        raise ValueError(f"repeated axes: reduction {axes}, spatial {spatial}")
+    return ParamRole("matrix", tuple(sorted(axes)), tuple(sorted(spatial)))
 
 
 MATRIX = matrix(0)
@@ -185,17 +205,17 @@ def infer_role(path: Sequence[str], shape: Sequence[int]) -> tuple[ParamRole, Op
         return EMBEDDING, None
     if ndim == 2:
         return MATRIX, None
-    all_but_last = matrix(tuple(range(ndim - 1)))
+    spatial = tuple(range(ndim - 2))
     if parent in ATTENTION_INPUTS:
         return MATRIX, None
     if parent in ATTENTION_OUTPUT:
-        return all_but_last, None
+        return matrix(tuple(range(ndim - 1))), None
     if "conv" in parent:
         if "transpose" in parent and leaf == "w":  # haiku ConvNDTranspose: w is [*spatial, out, in]
-            return matrix(tuple(range(ndim - 2)) + (ndim - 1,)), None
-        return matrix(tuple(range(ndim - 2)) + (ndim - 2,)), None
-    return all_but_last, (f"read as a conv kernel [*spatial, in, out]: fan_in = prod(shape[:-1]) = "
-                          f"{math.prod(shape[:-1])}")
+            return matrix(spatial + (ndim - 1,), spatial_axes=spatial), None
+        return matrix(spatial + (ndim - 2,), spatial_axes=spatial), None
+    return matrix(spatial + (ndim - 2,), spatial_axes=spatial), (
+        f"read as a conv kernel [*spatial, in, out]: fan_in = prod(shape[:-1]) = {math.prod(shape[:-1])}")
 
 
 def _as_role(spec: Any, names: tuple[str, ...], shape: tuple[int, ...]) -> ParamRole:

@@ -60,7 +60,8 @@ path (η_matrix or η_adam, schedule, horizon and depth factors included); λ = 
 `wd_learned` λ₀ · exp(`wd_log_range` · tanh(s)), s = theta["weight_decay"]["s"] a meta-parameter;
 with `wd_loss_power` p > 0, λ also multiplies clip((ℓ_0 / (ρ_free · ℓ̄_t))^p, 1, `wd_loss_max`), ℓ_0
 the first training loss given, ℓ̄_t the loss EMA and ρ_free = `wd_loss_free`: the decay grows once
-the training loss falls more than ρ_free-fold below its start.
+the training loss falls more than ρ_free-fold below its start. With `wd_conv_loss_free` > 0 conv
+kernels (`lopt.param_roles`: roles with spatial axes) take that ρ_free instead.
 
 With `residual_no_growth` the learned residual r = MLP(x) (after the fade) loses its component
 along p that would grow ‖p‖ before it enters u, r ← r − min(0, ⟨r, p⟩) / ⟨p, p⟩ · p, in every
@@ -156,6 +157,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         on λ (0: off).
       wd_loss_max: its largest value, ≥ 1.
       wd_loss_free: ρ_free > 0, the fall of the training loss the factor leaves at 1.
+      wd_conv_loss_free: conv kernels' ρ_free (`weight_decay.loss_free_of`); 0: `wd_loss_free`.
       residual_no_growth: remove from the learned residual its component that grows each matrix's
         norm (`lopt.rules.radial.remove_growth`); the direction b and the step size are unchanged.
       residual_growth_free: g ≥ 0: with `residual_no_growth`, only in matrices past rms(p) · √fan_in = g
@@ -190,6 +192,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
     wd_loss_power: float = added_option(0.0)
     wd_loss_max: float = added_option(10.0)
     wd_loss_free: float = added_option(1.0)
+    wd_conv_loss_free: float = added_option(0.0)
     residual_no_growth: bool = added_option(False)
     residual_growth_free: float = added_option(0.0)
     layout: Any = layout_option()
@@ -211,7 +214,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         depth.check_depth_options(self.depth_reference, self.depth_power)
         schedule.check_schedule(self.schedule)
         wd_rule.check_weight_decay_options(self.wd_rate, self.wd_learned, self.wd_log_range, self.wd_roles)
-        wd_rule.check_loss_options(self.wd_rate, self.wd_loss_power, self.wd_loss_max, self.wd_loss_free)
+        wd_rule.check_loss_options(self.wd_rate, self.wd_loss_power, self.wd_loss_max, self.wd_loss_free,
+                                   self.wd_conv_loss_free)
         if not self.residual_growth_free >= 0:
             raise ValueError(f"residual_growth_free must be >= 0, got {self.residual_growth_free}")
         if self.residual_growth_free > 0 and not self.residual_no_growth:
@@ -339,12 +343,15 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             treedef, gs, (ps, ms, vs, rs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment, roles)
             lrs = lrs * jnp.asarray([self.depth_scale(depth.matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0],
                                     jnp.float32)
-            lam, start = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range), None
+            lam0, start = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range), None
+            lam = lambda role: lam0  # λ of a parameter of this role
             if self.wd_loss_power > 0:
                 start = wd_rule.track_loss_start(state.loss_start, state.loss_state, extra_args.get("loss"))
-                lam = lam * wd_rule.loss_factor(start, loss_state[0], self.wd_loss_power, self.wd_loss_max,
-                                                self.wd_loss_free)
-            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
+                lam = lambda role: lam0 * wd_rule.loss_factor(
+                    start, loss_state[0], self.wd_loss_power, self.wd_loss_max,
+                    wd_rule.loss_free_of(role, self.wd_loss_free, self.wd_conv_loss_free))
+            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam(r) if lam0 is not None else None)
+                      for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state, start)
 

@@ -29,7 +29,9 @@ Loss-aware (`loss_power` p > 0), λ also multiplies the factor
 (`lopt.parts.features.loss_features`' EMA, this step's loss included). A run whose training loss
 falls by orders of magnitude is fitting its training set far past what held-out data rewards
 (measured: docs/pretrained.md), and decays more, up to φ_max · λ; a run whose loss stays within
-ρ_free of its start decays at λ. The factor is 1 until a loss is given, and
+ρ_free of its start decays at λ. Conv kernels (roles with spatial axes, `lopt.param_roles`) may take
+their own ρ_free (`wd_conv_loss_free`): a kernel shared across positions over-fits later than a
+dense layer whose training loss fell as far (measured: docs/pretrained.md). The factor is 1 until a loss is given, and
 wherever ℓ_0 or ℓ̄_t is not positive (the ratio of losses then means nothing). It needs the
 architecture's state to keep ℓ_0 (`loss_start_field`).
 """
@@ -44,7 +46,7 @@ from lopt.param_roles import KINDS
 from lopt.parts.spec import STEP, StateField
 
 __all__ = ["THETA_KEY", "DEFAULT_ROLES", "check_weight_decay_options", "check_loss_options", "theta_init", "decay_rate",
-           "is_decayed", "loss_start_field", "track_loss_start", "loss_factor"]
+           "is_decayed", "loss_free_of", "loss_start_field", "track_loss_start", "loss_factor"]
 
 THETA_KEY = "weight_decay"
 DEFAULT_ROLES = ("matrix",)
@@ -73,7 +75,8 @@ def check_weight_decay_options(rate: float, learned: bool, log_range: float, rol
         raise ValueError(f"wd_roles must be a non-empty tuple of role kinds {KINDS}, got {tuple(roles)!r}")
 
 
-def check_loss_options(rate: float, loss_power: float, loss_max: float, loss_free: float) -> None:
+def check_loss_options(rate: float, loss_power: float, loss_max: float, loss_free: float,
+                       conv_loss_free: float = 0.0) -> None:
     """Refuses a negative p, φ_max < 1, ρ_free ≤ 0, or a loss-aware factor without a decay to scale.
 
     Args:
@@ -81,10 +84,16 @@ def check_loss_options(rate: float, loss_power: float, loss_max: float, loss_fre
       loss_power: p (`wd_loss_power`; 0: off).
       loss_max: φ_max (`wd_loss_max`).
       loss_free: ρ_free (`wd_loss_free`).
+      conv_loss_free: conv kernels' ρ_free (`wd_conv_loss_free`; 0: `loss_free`), ≥ 0.
 
     Raises:
       ValueError: naming the options and their values.
     """
+    if not conv_loss_free >= 0:
+        raise ValueError(f"wd_conv_loss_free must be >= 0 (0: conv kernels take wd_loss_free), got {conv_loss_free!r}")
+    if conv_loss_free > 0 and loss_power == 0:
+        raise ValueError("wd_conv_loss_free > 0 needs wd_loss_power > 0: it is the loss-aware factor's ratio for "
+                         "conv kernels")
     if not loss_power >= 0:
         raise ValueError(f"wd_loss_power must be >= 0 (0: no loss-aware factor), got {loss_power!r}")
     if not loss_max >= 1:
@@ -123,6 +132,12 @@ def decay_rate(theta: Any, rate: float, learned: bool, log_range: float) -> Opti
 def is_decayed(role: Any, roles: Sequence[str]) -> bool:
     """Whether a parameter of `role` (a `lopt.param_roles.ParamRole`) decays: its kind is in `roles`."""
     return role.kind in roles
+
+
+def loss_free_of(role: Any, loss_free: float, conv_loss_free: float) -> float:
+    """The ρ_free a parameter of `role` takes: `conv_loss_free` for a conv kernel when it is set (> 0),
+    else `loss_free`."""
+    return conv_loss_free if conv_loss_free > 0 and role.is_conv else loss_free
 
 
 def loss_start_field() -> StateField:

@@ -68,9 +68,12 @@ def role_of(param: torch.Tensor, role=None) -> str:
 
 def jax_role(kind: str, jax_shape: tuple) -> param_roles.ParamRole:
     """The `lopt.param_roles.ParamRole` of a torch parameter of role `kind` and JAX-layout shape:
-    a "matrix" reduces over every axis but the last."""
+    a "matrix" reduces over every axis but the last; one of 3 or more axes is a conv kernel
+    [*k, in, out] (torch's matrices of that rank are its convolutions), its spatial axes all but the
+    last two."""
     if kind == "matrix":
-        return param_roles.matrix(tuple(range(len(jax_shape) - 1)))
+        ndim = len(jax_shape)
+        return param_roles.matrix(tuple(range(ndim - 1)), spatial_axes=tuple(range(ndim - 2)))
     return param_roles.ParamRole(kind)
 
 

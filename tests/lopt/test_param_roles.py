@@ -83,6 +83,14 @@ def test_roles_and_fan_in_of_flax_haiku_and_nnx_layers():
     for path, want in HAIKU_ROLES.items():
         assert got_haiku[path] == want, path
     assert {v for k, v in got_haiku.items() if k.endswith("['b']")} == {("vector", None)}
+    # conv kernels, and only they, carry spatial axes: all but the last two (haiku's transpose included)
+    for params, convs in ((flax_params(), {"['params']['Conv_0']['kernel']": (0, 1)}),
+                          (haiku_params(), {"['conv2_d']['w']": (0, 1), "['conv1_d']['w']": (0,),
+                                            "['conv2_d_transpose']['w']": (0, 1)})):
+        roles = jax.tree_util.tree_leaves(param_roles.infer(params))
+        spatial = {jax.tree_util.keystr(path): role.spatial_axes
+                   for (path, _), role in zip(jax.tree_util.tree_flatten_with_path(params)[0], roles) if role.is_conv}
+        assert spatial == convs
 
     class NnxNet(nnx.Module):
         def __init__(self, rngs):
@@ -181,6 +189,14 @@ def test_bad_dimension_numbers_are_refused(dims, match):
         param_roles.infer({"a": jnp.zeros((3, 4))}, dims)
 
 
+def test_spatial_axes_must_be_reduction_axes_of_a_matrix():
+    with pytest.raises(ValueError, match=r"spatial axes \(1,\) must be reduction axes"):
+        param_roles.ParamRole("matrix", (0,), (1,))
+    with pytest.raises(ValueError, match="spatial axes"):
+        param_roles.ParamRole("vector", (), (0,))
+    assert param_roles.matrix((-3, -2), ndim=3, spatial_axes=(-3,)) == param_roles.ParamRole("matrix", (0, 1), (0,))
+
+
 def test_unreadable_kernel_warns_once_or_raises_when_strict():
     """A rank-3 leaf outside a known layer: read as a conv kernel, with one warning naming its path,
     shape and the assumption; strict_roles=True raises instead."""
@@ -188,7 +204,7 @@ def test_unreadable_kernel_warns_once_or_raises_when_strict():
     param_roles._WARNED.discard(("['mystery']['kernel']", (5, 6, 7)))
     with pytest.warns(UserWarning, match=r"\['mystery'\]\['kernel'\] \(5, 6, 7\): read as a conv kernel .* = 30"):
         roles = param_roles.infer(p)
-    assert roles["mystery"]["kernel"] == param_roles.matrix((0, 1))
+    assert roles["mystery"]["kernel"] == param_roles.matrix((0, 1), spatial_axes=(0,))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         param_roles.infer(p)  # once per path and shape

@@ -29,7 +29,8 @@ a "matrix" with a single input or output (`lopt.parts.newton_schulz.is_orthogona
 With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.torch.rules.weight_decay`) adds λ p to the
 bracket of every parameter whose role's kind is in `wd_roles`, λ = λ₀ or, with `wd_learned`,
 λ₀ · exp(`wd_log_range` · tanh(theta["weight_decay"]["s"])); with `wd_loss_power` > 0, λ also
-multiplies the loss-aware factor (`lopt.torch.rules.weight_decay.loss_factors`). With
+multiplies the loss-aware factor (`lopt.torch.rules.weight_decay.loss_factors`; conv kernels with
+`wd_conv_loss_free` > 0 their own ρ_free). With
 `residual_no_growth` the learned residual loses its component that grows ‖p‖ (`lopt.rules.radial`),
 in the matrices past rms(p) · √fan_in = `residual_growth_free`.
 
@@ -43,7 +44,7 @@ import torch
 from lopt.parts.newton_schulz import is_orthogonalized
 from lopt.rules import radial
 from lopt.rules.depth import matrix_depth
-from lopt.rules.weight_decay import is_decayed
+from lopt.rules.weight_decay import is_decayed, loss_free_of
 from lopt.torch.param_roles import jax_role, role_of
 from lopt.torch.parts.moment_features import FlatLeaf, pow_f32
 from lopt.torch.parts.newton_schulz import orthogonalized_step
@@ -110,8 +111,11 @@ class Celo2LOptRule(Rule):
         lam = decay_rate(ctx.theta, lo.wd_rate, lo.wd_learned, lo.wd_log_range, ctx.dtype, ctx.device)
         if loss_aware:
             new_loss = torch.stack([it.state[loss_state_field().key] for it in items])
+            free = torch.tensor([loss_free_of(jax_role(it.state.get("role") or role_of(it.param), it.jax_shape),
+                                              lo.wd_loss_free, lo.wd_conv_loss_free) for it in items],
+                                dtype=ctx.dtype, device=ctx.device)
             lam = lam * loss_factors([it.state for it in items], old_loss, new_loss, ctx.loss, lo.wd_loss_power,
-                                   lo.wd_loss_max, lo.wd_loss_free)
+                                   lo.wd_loss_max, free)
         for i, it in enumerate(items):
             shape = tuple(it.param.shape)
             if it.param.numel() == 0:

@@ -10,7 +10,7 @@ given (each parameter's state "loss_start") and ℓ̄_t its loss EMA (`loss_fact
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -43,7 +43,7 @@ def decay_rate(theta: dict, rate: float, learned: bool, log_range: float, dtype:
 
 
 def loss_factors(states: list, old_loss: torch.Tensor, new_loss: torch.Tensor, loss: Optional[torch.Tensor],
-                 power: float, max_factor: float, free: float = 1.0) -> torch.Tensor:
+                 power: float, max_factor: float, free: Any = 1.0) -> torch.Tensor:
     """φ per parameter, as `lopt.rules.weight_decay.loss_factor`; each state's ℓ_0 set at its first loss.
 
     Args:
@@ -52,7 +52,7 @@ def loss_factors(states: list, old_loss: torch.Tensor, new_loss: torch.Tensor, l
       loss: this step's loss (0-d), or None.
       power: p > 0.
       max_factor: φ_max ≥ 1.
-      free: ρ_free > 0.
+      free: ρ_free > 0, a float or [L] per parameter (`lopt.rules.weight_decay.loss_free_of`).
 
     Returns:
       [L] φ in [1, φ_max], in new_loss's dtype.

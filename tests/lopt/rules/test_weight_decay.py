@@ -11,6 +11,7 @@ import optax
 import pytest
 
 import lopt
+from lopt import param_roles
 from lopt.rules import weight_decay as wd_rule
 from outer_trainers.learner.meta_training_run import load_theta_init
 
@@ -208,3 +209,38 @@ def test_loss_aware_checks_name_the_bad_option():
         lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=0.5, wd_loss_free=0.0)
     with pytest.raises(ValueError, match="wd_loss_max must be >= 1"):
         lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=0.5, wd_loss_max=0.5)
+
+
+def test_conv_kernels_take_their_own_loss_free_ratio():
+    """With wd_conv_loss_free the conv kernel's update is that of a run whose ρ_free is the conv one
+    for every tensor, and the dense kernel's that of a run with wd_loss_free, bit for bit; the two
+    differ (losses 1 then 0.01: ℓ̄ = 0.901, φ = 1.11/ρ clipped at 1, so ρ = 0.5 and 1 decay differently)."""
+    params = {"Conv_0": {"kernel": RNG.randn(3, 3, 2, 4).astype(np.float32)},
+              "Dense_0": {"kernel": RNG.randn(4, 3).astype(np.float32)}}
+    grads = jax.tree_util.tree_map(lambda p: RNG.randn(*p.shape).astype(np.float32), params)
+    assert param_roles.infer(params)["Conv_0"]["kernel"].is_conv
+    assert not param_roles.infer(params)["Dense_0"]["kernel"].is_conv
+    theta = lopt.Celo2LOpt().init(jax.random.key(0))
+
+    def update(**options):
+        tx = lopt.Celo2LOpt(wd_rate=0.2, wd_loss_power=1.0, **options).opt_fn(theta)
+        state = tx.init(params)
+        for loss in (1.0, 0.01):
+            u, state = tx.update(grads, state, params, loss=loss)
+        return {k: np.asarray(u[k]["kernel"]) for k in params}
+
+    mixed, conv_like, dense_like = (update(wd_loss_free=1.0, wd_conv_loss_free=0.5), update(wd_loss_free=0.5),
+                                    update(wd_loss_free=1.0))
+    np.testing.assert_array_equal(mixed["Conv_0"], conv_like["Conv_0"])
+    np.testing.assert_array_equal(mixed["Dense_0"], dense_like["Dense_0"])
+    assert not np.array_equal(conv_like["Conv_0"], dense_like["Conv_0"])
+    same = update(wd_loss_free=1.0, wd_conv_loss_free=1.0)
+    for k in params:
+        np.testing.assert_array_equal(same[k], dense_like[k])
+
+
+def test_conv_loss_free_checks_name_the_bad_option():
+    with pytest.raises(ValueError, match="wd_conv_loss_free must be >= 0"):
+        lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=0.5, wd_conv_loss_free=-1.0)
+    with pytest.raises(ValueError, match="wd_conv_loss_free > 0 needs wd_loss_power > 0"):
+        lopt.Celo2LOpt(wd_rate=0.1, wd_conv_loss_free=3.0)
