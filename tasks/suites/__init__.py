@@ -33,6 +33,9 @@ Suites (`names()`):
   batch 32, 600 steps) on signals1d, each 4x wider and 3x deeper (4 tasks, 3 seeds): the wide and
   deep smooth-activation and LayerNorm MLPs on a small noisy dataset that validation-scaling-cpu
   lacks, for choosing what concerns their over-fitting; no file.
+- validation-conv-cpu: 4 convnets (digits: 16 GELU channels at batch 32 and 4-8-8 ReLU; Fashion-MNIST
+  at 7x7: 8-16 ReLU; signals1d: 32 ReLU, kernel 5), 300-500 steps, 3 seeds, none a test suite's: with
+  validation-cpu's convnet, for choosing what concerns convnets alone.
 - smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
 - long-horizon-cpu: 7 small tasks at 10 000-20 000 steps, 5-10x the 2000-step meta-training
   horizons of the shipped optimizers up to celo2_v2 (1-2x celo2_v4's 10 000): MLP autoencoders

@@ -134,9 +134,20 @@ _VALIDATION_SIGNALS_CPU = _scaled_mlps((
     _mlp("val_signals_mlp_32_swish_layernorm_b32", "signals1d", (32,), "swish", 32, 600, norm="layer"),
 ))
 
+# Convnets on digits, fashion-mnist (7x7) and signals1d, of widths, depths, activations and batch sizes
+# no test suite uses: with validation-cpu's one convnet, for choosing what concerns convnets alone (e.g.
+# the weight-decay rule's ratio for conv kernels). Not a test suite's static config.
+_VALIDATION_CONV_CPU = (
+    _conv("val_digits_conv_16_gelu_b32", "digits", (16,), "gelu", 32, 400),
+    _conv("val_digits_conv_4x8x8_relu", "digits", (4, 8, 8), "relu", 64, 300),
+    _conv("val_fmnist7_conv_8x16_relu", "fashion_mnist_7", (8, 16), "relu", 64, 400),
+    _conv("val_signals_conv1d_32_relu_b32", "signals1d", (32,), "relu", 32, 500, kernel=5),
+)
+
 _SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,
            "validation-cpu": _VALIDATION_CPU, "validation-long-cpu": _VALIDATION_LONG_CPU,
            "validation-scaling-cpu": _VALIDATION_SCALING_CPU, "validation-signals-cpu": _VALIDATION_SIGNALS_CPU,
+           "validation-conv-cpu": _VALIDATION_CONV_CPU,
            "long-horizon-cpu": _LONG_HORIZON_CPU,
            "long-horizon-50k-cpu": _LONG_HORIZON_50K_CPU, "lm-cpu": _LM_CPU,
            "scaling-cpu": _SCALING_CPU}

@@ -204,6 +204,12 @@ def test_new_suites_are_disjoint_from_the_test_and_validation_suites_and_name_ea
     assert {dict(t.arch)["norm"] for t in signals} == {None, "layer"}
     assert {t.name[-7:] for t in signals} == {"_x4wide", "_x3deep"}
     assert all(len(t.seeds) == 3 and t.eval_split == "test" for t in signals)
+    # convnets on three datasets: none of a test or validation suite
+    conv = suites.get("validation-conv-cpu")
+    others = _static("validation-scaling-cpu") | _static("validation-signals-cpu")
+    assert not _static("validation-conv-cpu") & (tests | existing | others)
+    assert {t.kind for t in conv} == {"conv"} and {t.dataset for t in conv} == {"digits", "fashion_mnist_7", "signals1d"}
+    assert all(len(t.seeds) == 3 and t.eval_split == "test" for t in conv)
 
 
 def _longest_meta_training_horizon():
