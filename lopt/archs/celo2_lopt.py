@@ -51,7 +51,9 @@ towards Muon's (a fresh theta's), which is what the learned direction was traine
 short runs. With `depth_reference` D_ref > 0, η_matrix also multiplies min(1, D_ref/D)^`depth_power`,
 D the number of tensors that take the orthogonalized update (`lopt.rules.depth`): in a chain of D
 layers each layer's update moves the output, so deeper plain MLPs need smaller steps per layer
-(measured: docs/pretrained.md). With `overshoot_gain` > 0 every
+(measured: docs/pretrained.md). With `conv_step_scale` c ≠ 1 a conv kernel's step (its step size on
+either path, the decay's included) multiplies c: the convnets measured want larger steps than the
+dense layers' (docs/pretrained.md). With `overshoot_gain` > 0 every
 step is scaled by `lopt.rules.overshoot_brake`'s α_t ≤ 1.
 
 With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.rules.weight_decay`) adds Δp −= η · λ · p to every
@@ -149,6 +151,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         size multiplies, D the number of orthogonalized tensors the optimizer updates
         (`lopt.rules.depth.matrix_depth`): 1 up to D_ref matrices, smaller in deeper models (0: off).
       depth_power: its γ ≥ 0.
+      conv_step_scale: c > 0, the factor on the step size of every conv kernel (`lopt.param_roles`:
+        a role with spatial axes); 1: none.
       wd_rate: λ₀ ≥ 0 of the weight-decay rule (`lopt.rules.weight_decay`; 0: off), on top of `weight_decay`.
       wd_learned: λ = λ₀ · exp(R · tanh(s)) with s a meta-parameter (0 in a fresh theta) instead of λ₀.
       wd_log_range: R > 0, the bound of the learned log(λ / λ₀).
@@ -185,6 +189,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
     residual_horizon_power: float = added_option(0.0)
     depth_reference: int = added_option(0)
     depth_power: float = added_option(1.0)
+    conv_step_scale: float = added_option(1.0)
     wd_rate: float = added_option(0.0)
     wd_learned: bool = added_option(False)
     wd_log_range: float = added_option(3.0)
@@ -212,6 +217,9 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         horizon.check_horizon_options(self.horizon_reference, horizon_power=self.horizon_power,
                                       residual_horizon_power=self.residual_horizon_power)
         depth.check_depth_options(self.depth_reference, self.depth_power)
+        if not self.conv_step_scale > 0:
+            raise ValueError(f"conv_step_scale must be > 0 (1: conv kernels step as dense layers), got "
+                             f"{self.conv_step_scale!r}")
         schedule.check_schedule(self.schedule)
         wd_rule.check_weight_decay_options(self.wd_rate, self.wd_learned, self.wd_log_range, self.wd_roles)
         wd_rule.check_loss_options(self.wd_rate, self.wd_loss_power, self.wd_loss_max, self.wd_loss_free,
@@ -309,6 +317,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                 return jnp.zeros_like(p), m, v
             g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
             decay = self.weight_decay  # plus the weight-decay rule's λ where it decays this role
+            if role.is_conv and self.conv_step_scale != 1:
+                lrs = lrs * self.conv_step_scale
             if lam is not None and wd_rule.is_decayed(role, self.wd_roles):
                 decay = decay + lam
             m, v = accumulate(g32, m, v, decays, self.rms_decay)

@@ -28,9 +28,9 @@ CHANGED = {
                       log_lr_range=2.0, residual_init=0.5, weight_decay=1e-4, lr_hidden_size=8, timescales=(1.0,),
                       use_num_steps=False, overshoot_gain=0.2, overshoot_threshold=0.3, schedule="cosine",
                       horizon_reference=1000, horizon_power=0.7, residual_horizon_power=1.5,
-                      depth_reference=4, depth_power=0.5, wd_rate=0.1, wd_learned=True, wd_log_range=2.0,
+                      depth_reference=4, depth_power=0.5, conv_step_scale=1.5, wd_rate=0.1, wd_learned=True, wd_log_range=2.0,
                       wd_roles=("matrix", "vector"), wd_loss_power=0.25, wd_loss_max=5.0,
-                      wd_loss_free=3.0, residual_no_growth=True, residual_growth_free=2.0),
+                      wd_loss_free=3.0, wd_conv_loss_free=8.0, residual_no_growth=True, residual_growth_free=2.0),
     "RNNMLPLOpt": dict(lstm_hidden=8, mlp_hidden=4, mlp_layers=1, decays=(0.9,), rms_decay=0.99, step_mult=1e-2,
                        exp_mult=1e-2, timescales=(1.0, 10.0)),
     "AdafacMLPLOpt": dict(hidden_size=2, hidden_layers=1, momentum_decays=(0.9,), rms_decay=0.99,
@@ -69,6 +69,7 @@ def test_config_round_trips_and_equal_configs_are_equal_with_equal_hashes(name):
 # fields that are only allowed together with another one
 REQUIRES = {("NormMLPLOpt", "fan_in_ref"): {"relative_step": True}, ("Celo2LOpt", "wd_learned"): {"wd_rate": 0.1},
             ("Celo2LOpt", "wd_loss_power"): {"wd_rate": 0.1},
+            ("Celo2LOpt", "wd_conv_loss_free"): {"wd_rate": 0.1, "wd_loss_power": 1.0},
             ("Celo2LOpt", "residual_growth_free"): {"residual_no_growth": True}}
 
 

@@ -30,7 +30,7 @@ With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.torch.rules.weight_decay`)
 bracket of every parameter whose role's kind is in `wd_roles`, λ = λ₀ or, with `wd_learned`,
 λ₀ · exp(`wd_log_range` · tanh(theta["weight_decay"]["s"])); with `wd_loss_power` > 0, λ also
 multiplies the loss-aware factor (`lopt.torch.rules.weight_decay.loss_factors`; conv kernels with
-`wd_conv_loss_free` > 0 their own ρ_free). With
+`wd_conv_loss_free` > 0 their own ρ_free). Conv kernels' steps multiply `conv_step_scale`. With
 `residual_no_growth` the learned residual loses its component that grows ‖p‖ (`lopt.rules.radial`),
 in the matrices past rms(p) · √fan_in = `residual_growth_free`.
 
@@ -148,6 +148,8 @@ class Celo2LOptRule(Rule):
                 den = torch.div(leaf.v, bc_v[i], out=self.ws.get("den", (leaf.n,), ctx.dtype, ctx.device))
                 step = nesterov.div_(den.sqrt_().add_(consts["adam_eps"])).view(shape)
                 lr = lrs[i, 1]
+            if role.is_conv and lo.conv_step_scale != 1:
+                lr = lr * lo.conv_step_scale
             if lo.weight_decay:
                 step = step.add_(torch.mul(leaf.p.view(shape), lo.weight_decay))
             if lam is not None and is_decayed(role, lo.wd_roles):

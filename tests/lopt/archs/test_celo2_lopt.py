@@ -273,3 +273,24 @@ def test_residual_growth_free_needs_the_rule_and_is_non_negative():
         lopt.Celo2LOpt(residual_growth_free=2.0)
     with pytest.raises(ValueError, match="residual_growth_free must be >= 0"):
         lopt.Celo2LOpt(residual_no_growth=True, residual_growth_free=-1.0)
+
+
+def test_conv_step_scale_multiplies_the_conv_kernels_step_only():
+    """conv_step_scale c: the conv kernel's first update (its decay included) is c times the one without,
+    the dense kernel's is unchanged, bit for bit where c is a power of two."""
+    rng = np.random.RandomState(0)
+    params = {"Conv_0": {"kernel": rng.randn(3, 3, 2, 4).astype(np.float32)},
+              "Dense_0": {"kernel": rng.randn(4, 3).astype(np.float32)}}
+    grads = jax.tree_util.tree_map(lambda p: rng.randn(*p.shape).astype(np.float32), params)
+    theta = lopt.Celo2LOpt().init(jax.random.key(0))
+
+    def update(**options):
+        tx = lopt.Celo2LOpt(wd_rate=0.2, **options).opt_fn(theta)
+        u, _ = tx.update(grads, tx.init(params), params, loss=1.0)
+        return {k: np.asarray(u[k]["kernel"]) for k in params}
+
+    plain, scaled = update(), update(conv_step_scale=2.0)
+    np.testing.assert_array_equal(scaled["Conv_0"], 2.0 * plain["Conv_0"])
+    np.testing.assert_array_equal(scaled["Dense_0"], plain["Dense_0"])
+    with pytest.raises(ValueError, match="conv_step_scale must be > 0"):
+        lopt.Celo2LOpt(conv_step_scale=0.0)

@@ -244,3 +244,4 @@ def test_conv_loss_free_checks_name_the_bad_option():
         lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=0.5, wd_conv_loss_free=-1.0)
     with pytest.raises(ValueError, match="wd_conv_loss_free > 0 needs wd_loss_power > 0"):
         lopt.Celo2LOpt(wd_rate=0.1, wd_conv_loss_free=3.0)
+
