@@ -51,9 +51,10 @@ towards Muon's (a fresh theta's), which is what the learned direction was traine
 short runs. With `depth_reference` D_ref > 0, η_matrix also multiplies min(1, D_ref/D)^`depth_power`,
 D the number of tensors that take the orthogonalized update (`lopt.rules.depth`): in a chain of D
 layers each layer's update moves the output, so deeper plain MLPs need smaller steps per layer
-(measured: docs/pretrained.md). With `conv_step_scale` c ≠ 1 a conv kernel's step (its step size on
-either path, the decay's included) multiplies c: the convnets measured want larger steps than the
-dense layers' (docs/pretrained.md). With `overshoot_gain` > 0 every
+(measured: docs/pretrained.md). With `conv_step_scale` c ≠ 1 both step sizes multiply c in a model
+that has a conv kernel (`lopt.param_roles`: a role with spatial axes), its dense head and biases
+included: the convnets measured under-fit at the MLPs' step sizes (docs/pretrained.md). With
+`overshoot_gain` > 0 every
 step is scaled by `lopt.rules.overshoot_brake`'s α_t ≤ 1.
 
 With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.rules.weight_decay`) adds Δp −= η · λ · p to every
@@ -151,8 +152,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         size multiplies, D the number of orthogonalized tensors the optimizer updates
         (`lopt.rules.depth.matrix_depth`): 1 up to D_ref matrices, smaller in deeper models (0: off).
       depth_power: its γ ≥ 0.
-      conv_step_scale: c > 0, the factor on the step size of every conv kernel (`lopt.param_roles`:
-        a role with spatial axes); 1: none.
+      conv_step_scale: c > 0, the factor on both step sizes in a model with a conv kernel
+        (`lopt.param_roles`: a role with spatial axes), on every tensor of it; 1: none.
       wd_rate: λ₀ ≥ 0 of the weight-decay rule (`lopt.rules.weight_decay`; 0: off), on top of `weight_decay`.
       wd_learned: λ = λ₀ · exp(R · tanh(s)) with s a meta-parameter (0 in a fresh theta) instead of λ₀.
       wd_log_range: R > 0, the bound of the learned log(λ / λ₀).
@@ -246,6 +247,18 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         """
         return depth.depth_scale(num_matrices, self.depth_reference, self.depth_power)
 
+    def model_scale(self, roles) -> float:
+        """The factor both step sizes multiply for a whole model: `conv_step_scale` when one of its
+        parameters is a conv kernel, else 1.
+
+        Args:
+          roles: every parameter's `lopt.param_roles.ParamRole` (static).
+
+        Returns:
+          a Python float.
+        """
+        return self.conv_step_scale if any(r.is_conv for r in roles) else 1.0
+
     def spec(self) -> ArchSpec:
         """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).
 
@@ -317,8 +330,6 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                 return jnp.zeros_like(p), m, v
             g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
             decay = self.weight_decay  # plus the weight-decay rule's λ where it decays this role
-            if role.is_conv and self.conv_step_scale != 1:
-                lrs = lrs * self.conv_step_scale
             if lam is not None and wd_rule.is_decayed(role, self.wd_roles):
                 decay = decay + lam
             m, v = accumulate(g32, m, v, decays, self.rms_decay)
@@ -352,7 +363,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
             treedef, gs, (ps, ms, vs, rs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment, roles)
             lrs = lrs * jnp.asarray([self.depth_scale(depth.matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0],
-                                    jnp.float32)
+                                    jnp.float32) * self.model_scale(rs)
             lam0, start = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range), None
             lam = lambda role: lam0  # λ of a parameter of this role
             if self.wd_loss_power > 0:

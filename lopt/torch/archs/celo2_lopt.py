@@ -30,7 +30,7 @@ With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.torch.rules.weight_decay`)
 bracket of every parameter whose role's kind is in `wd_roles`, λ = λ₀ or, with `wd_learned`,
 λ₀ · exp(`wd_log_range` · tanh(theta["weight_decay"]["s"])); with `wd_loss_power` > 0, λ also
 multiplies the loss-aware factor (`lopt.torch.rules.weight_decay.loss_factors`; conv kernels with
-`wd_conv_loss_free` > 0 their own ρ_free). Conv kernels' steps multiply `conv_step_scale`. With
+`wd_conv_loss_free` > 0 their own ρ_free). In a model with a conv kernel both step sizes multiply `conv_step_scale`. With
 `residual_no_growth` the learned residual loses its component that grows ‖p‖ (`lopt.rules.radial`),
 in the matrices past rms(p) · √fan_in = `residual_growth_free`.
 
@@ -84,9 +84,9 @@ class Celo2LOptRule(Rule):
         base = torch.tensor([lo.matrix_lr, lo.adam_lr], dtype=ctx.dtype, device=ctx.device)
         sigma = prior_schedule(lo.schedule, ctx, items) * horizon_scale(lo.horizon_reference, lo.horizon_power, ctx, items)
         stepped = ctx.stepped or items
-        depth = matrix_depth([it.jax_shape for it in stepped],
-                             [jax_role(it.state.get("role") or role_of(it.param), it.jax_shape) for it in stepped])
-        base = base * torch.tensor([lo.depth_scale(depth), 1.0], dtype=ctx.dtype, device=ctx.device)
+        roles = [jax_role(it.state.get("role") or role_of(it.param), it.jax_shape) for it in stepped]
+        depth = matrix_depth([it.jax_shape for it in stepped], roles)
+        base = base * torch.tensor([lo.depth_scale(depth), 1.0], dtype=ctx.dtype, device=ctx.device) * lo.model_scale(roles)
         return bounded_step_sizes(lr, z, base, lo.log_lr_range) * sigma[:, None]
 
     def updates(self, items, ctx):
@@ -148,8 +148,6 @@ class Celo2LOptRule(Rule):
                 den = torch.div(leaf.v, bc_v[i], out=self.ws.get("den", (leaf.n,), ctx.dtype, ctx.device))
                 step = nesterov.div_(den.sqrt_().add_(consts["adam_eps"])).view(shape)
                 lr = lrs[i, 1]
-            if role.is_conv and lo.conv_step_scale != 1:
-                lr = lr * lo.conv_step_scale
             if lo.weight_decay:
                 step = step.add_(torch.mul(leaf.p.view(shape), lo.weight_decay))
             if lam is not None and is_decayed(role, lo.wd_roles):

@@ -275,22 +275,23 @@ def test_residual_growth_free_needs_the_rule_and_is_non_negative():
         lopt.Celo2LOpt(residual_no_growth=True, residual_growth_free=-1.0)
 
 
-def test_conv_step_scale_multiplies_the_conv_kernels_step_only():
-    """conv_step_scale c: the conv kernel's first update (its decay included) is c times the one without,
-    the dense kernel's is unchanged, bit for bit where c is a power of two."""
+def test_conv_step_scale_multiplies_every_step_of_a_model_with_a_conv_kernel():
+    """conv_step_scale c: in a model with a conv kernel every first update (the conv kernel's, the dense
+    head's, the bias's, the decay included) is c times the one without, bit for bit at c = 2; a model
+    without a conv kernel steps as before."""
     rng = np.random.RandomState(0)
-    params = {"Conv_0": {"kernel": rng.randn(3, 3, 2, 4).astype(np.float32)},
-              "Dense_0": {"kernel": rng.randn(4, 3).astype(np.float32)}}
-    grads = jax.tree_util.tree_map(lambda p: rng.randn(*p.shape).astype(np.float32), params)
+    convnet = {"Conv_0": {"kernel": rng.randn(3, 3, 2, 4).astype(np.float32)},
+               "Dense_0": {"kernel": rng.randn(4, 3).astype(np.float32), "bias": rng.randn(3).astype(np.float32)}}
+    mlp = {"Dense_0": convnet["Dense_0"]}
     theta = lopt.Celo2LOpt().init(jax.random.key(0))
 
-    def update(**options):
+    def update(params, **options):
+        grads = jax.tree_util.tree_map(lambda p: np.cos(np.arange(p.size, dtype=np.float32)).reshape(p.shape), params)
         tx = lopt.Celo2LOpt(wd_rate=0.2, **options).opt_fn(theta)
-        u, _ = tx.update(grads, tx.init(params), params, loss=1.0)
-        return {k: np.asarray(u[k]["kernel"]) for k in params}
+        return jax.tree_util.tree_map(np.asarray, tx.update(grads, tx.init(params), params, loss=1.0)[0])
 
-    plain, scaled = update(), update(conv_step_scale=2.0)
-    np.testing.assert_array_equal(scaled["Conv_0"], 2.0 * plain["Conv_0"])
-    np.testing.assert_array_equal(scaled["Dense_0"], plain["Dense_0"])
+    plain, scaled = update(convnet), update(convnet, conv_step_scale=2.0)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(b, 2.0 * a), plain, scaled)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, update(mlp), update(mlp, conv_step_scale=2.0))
     with pytest.raises(ValueError, match="conv_step_scale must be > 0"):
         lopt.Celo2LOpt(conv_step_scale=0.0)

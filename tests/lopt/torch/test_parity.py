@@ -155,7 +155,7 @@ CONFIGS = {
     # with a conv kernels' ratio of 5: the conv kernel's φ = clip(ℓ_0/(5ℓ̄), 1, 3) rises later than the dense one's
     "celo2_loss_aware_weight_decay_conv": lopt.Celo2LOpt(wd_rate=0.5, wd_loss_power=1.0, wd_loss_max=3.0,
                                                          wd_loss_free=2.0, wd_conv_loss_free=5.0),
-    # the conv kernel's steps (and its decay) ×2.5, the dense kernel's and the bias's unchanged
+    # a model with a conv kernel: every step (the decay's included) ×2.5
     "celo2_conv_step_scale": lopt.Celo2LOpt(conv_step_scale=2.5, wd_rate=0.5),
     # the no-growth projection of the learned residual (lopt.rules.radial)
     "celo2_residual_no_growth": lopt.Celo2LOpt(residual_no_growth=True),
