@@ -20,9 +20,9 @@ The update layout (`lopt.parts.layout`: how the per-parameter work is cut into b
 changes speed, not the function) is resolved once, when `load` is called: `layout=None` takes
 the platform of jax's default backend then ("cpu" or "accelerator").
 
-This version ships "celo2_v5" (the recommended one), "celo2_v8" (celo2_v5's theta with the
-loss-aware weight-decay rule and the no-growth rule, for held-out loss), "celo2_v7" (the same with
-the decay starting later), "celo2_v6" (celo2_v7 without the no-growth rule), "celo2_v4", "celo2_v2", "celo2_v1" (Celo2LOpt:
+This version ships "celo2_v5" (the recommended one), "celo2_v9" (celo2_v5's theta with the
+loss-aware weight-decay rule, the no-growth rule and larger steps in convnets, for held-out loss),
+"celo2_v8" (the same with convnets' steps unscaled), "celo2_v7" (celo2_v8 with the decay starting later), "celo2_v6" (celo2_v7 without the no-growth rule), "celo2_v4", "celo2_v2", "celo2_v1" (Celo2LOpt:
 learned, Muon-orthogonalized matrix updates), "normmlp_v3" and "normmlp_v2";
 docs/pretrained.md has a card for each: what it is, when to use it and where it loses.
 """

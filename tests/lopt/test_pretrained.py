@@ -245,3 +245,23 @@ def test_celo2_v8_is_celo2_v7_with_the_decay_starting_earlier():
     # ℓ̄ > 1/3: both decay at 0.03; ℓ̄ ≈ 0.23: celo2_v8's rate has grown (ℓ_0 / (3 ℓ̄) ≈ 1.4), celo2_v7's not
     np.testing.assert_array_equal(update_at("celo2_v7", 0.5), update_at("celo2_v8", 0.5))
     assert not np.array_equal(update_at("celo2_v7", 0.2), update_at("celo2_v8", 0.2))
+
+
+def test_celo2_v9_is_celo2_v8_with_three_times_the_steps_in_convnets():
+    """celo2_v9 ships celo2_v5's theta file byte for byte, deployed as celo2_v8 with conv_step_scale 3: in a
+    model with a conv kernel every update is 3× celo2_v8's (the dense head's too); an MLP's is celo2_v8's."""
+    _check_deployed_as("celo2_v9", "celo2_v8", {"conv_step_scale": 3.0})
+    key_conv, key_dense = jax.random.split(jax.random.key(0))
+    convnet = {"Conv_0": {"kernel": jax.random.normal(key_conv, (3, 3, 1, 8)) / 3.0},
+               "Dense_0": {"kernel": jax.random.normal(key_dense, (8, 10)) / 3.0, "bias": jnp.zeros(10)}}
+    mlp = {"Dense_0": convnet["Dense_0"]}
+
+    def first_update(name, params):
+        grads = jax.tree_util.tree_map(lambda p: jnp.cos(jnp.arange(p.size, dtype=jnp.float32)).reshape(p.shape),
+                                       params)
+        tx = lopt.pretrained.load(name, num_steps=100)
+        return tx.update(grads, tx.init(params), params, loss=1.0)[0]
+
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(b, 3.0 * a, rtol=1e-6, atol=1e-12),
+                           first_update("celo2_v8", convnet), first_update("celo2_v9", convnet))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, first_update("celo2_v8", mlp), first_update("celo2_v9", mlp))
