@@ -68,9 +68,9 @@ def role_of(param: torch.Tensor, role=None) -> str:
 
 def jax_role(kind: str, jax_shape: tuple) -> param_roles.ParamRole:
     """The `lopt.param_roles.ParamRole` of a torch parameter of role `kind` and JAX-layout shape:
-    a "matrix" reduces over every axis but the last; one of 3 or more axes is a conv kernel
-    [*k, in, out] (torch's matrices of that rank are its convolutions), its spatial axes all but the
-    last two."""
+    a "matrix" reduces over every axis but the last; one of 3 or more axes is read as a conv kernel
+    [*k, in, out], its spatial axes all but the last two (torch's matrices of that rank are its
+    convolutions, and nn.Bilinear's weight, which is read so too)."""
     if kind == "matrix":
         ndim = len(jax_shape)
         return param_roles.matrix(tuple(range(ndim - 1)), spatial_axes=tuple(range(ndim - 2)))
