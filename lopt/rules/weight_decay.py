@@ -30,8 +30,9 @@ Loss-aware (`loss_power` p > 0), λ also multiplies the factor
 falls by orders of magnitude is fitting its training set far past what held-out data rewards
 (measured: docs/pretrained.md), and decays more, up to φ_max · λ; a run whose loss stays within
 ρ_free of its start decays at λ. Conv kernels (roles with spatial axes, `lopt.param_roles`) may take
-their own ρ_free (`wd_conv_loss_free`): a kernel shared across positions over-fits later than a
-dense layer whose training loss fell as far (measured: docs/pretrained.md). The factor is 1 until a loss is given, and
+their own ρ_free (`wd_conv_loss_free`), for convnets whose kernels should decay later than their dense
+layers (on the convnets measured it changed little: docs/pretrained.md). The factor is 1 until a loss
+is given, and
 wherever ℓ_0 or ℓ̄_t is not positive (the ratio of losses then means nothing). It needs the
 architecture's state to keep ℓ_0 (`loss_start_field`).
 """
