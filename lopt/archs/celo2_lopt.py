@@ -365,14 +365,14 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             lrs = lrs * jnp.asarray([self.depth_scale(depth.matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0],
                                     jnp.float32) * self.model_scale(rs)
             lam0, start = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range), None
-            lam = lambda role: lam0  # λ of a parameter of this role
+            lams = {}  # λ per ρ_free, computed once for each ρ_free the roles take
             if self.wd_loss_power > 0:
                 start = wd_rule.track_loss_start(state.loss_start, state.loss_state, extra_args.get("loss"))
-                lam = lambda role: lam0 * wd_rule.loss_factor(
-                    start, loss_state[0], self.wd_loss_power, self.wd_loss_max,
-                    wd_rule.loss_free_of(role, self.wd_loss_free, self.wd_conv_loss_free))
-            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam(r) if lam0 is not None else None)
-                      for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
+                for free in {wd_rule.loss_free_of(r, self.wd_loss_free, self.wd_conv_loss_free) for r in rs}:
+                    lams[free] = lam0 * wd_rule.loss_factor(start, loss_state[0], self.wd_loss_power,
+                                                            self.wd_loss_max, free)
+            lam = lambda role: lams.get(wd_rule.loss_free_of(role, self.wd_loss_free, self.wd_conv_loss_free), lam0)
+            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam(r)) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state, start)
 
