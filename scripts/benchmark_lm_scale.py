@@ -52,6 +52,7 @@ import numpy as np
 import optax
 
 from lopt.file_io import atomic_write_bytes
+from lopt.pretrained import RECOMMENDED
 from outer_trainers import default_compiler_options
 from outer_trainers.evaluation.optimizer_specs import learned_tx, optimizer_labels, resolve_optimizer
 from tasks.datasets.data_source import DataSource
@@ -63,6 +64,7 @@ SIZES = {  # model and default budget of each --size
 }
 DATA = ("python_stdlib", "grammar_text")
 SKIP_DIRS = ("site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test")
+DEFAULT_OPTIMIZERS = ("adamw", f"pretrained:{RECOMMENDED}", "pretrained:celo2_v5")  # celo2_v5: its theta, 2 rules
 CHECK_EVERY = 100  # steps between checks for a non-finite train loss
 
 
@@ -297,7 +299,7 @@ def _args(argv):
     ap.add_argument("--batch_size", type=int, help="windows per batch (default: the size's)")
     ap.add_argument("--seq_len", type=int, help="bytes per window (default: the size's)")
     ap.add_argument("--optimizer", action="append", help="adamw, pretrained:NAME, published:NAME or a theta file; "
-                    "repeatable (default: adamw, pretrained:celo2_v9, pretrained:celo2_v5)")
+                    f"repeatable (default: {', '.join(DEFAULT_OPTIMIZERS)})")
     ap.add_argument("--adamw_lrs", default="3e-4,1e-3,3e-3", help="comma-separated peak rates AdamW is tuned over")
     ap.add_argument("--data", choices=DATA, default="python_stdlib")
     ap.add_argument("--valid_batches", type=int, default=16, help="fixed held-out batches of validation and of test")
@@ -326,7 +328,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
       "report": the Markdown text, or None for a dry run}.
     """
     args = _args(argv)
-    specs = args.optimizer or ["adamw", "pretrained:celo2_v9", "pretrained:celo2_v5"]
+    specs = args.optimizer or list(DEFAULT_OPTIMIZERS)
     lrs = [float(x) for x in args.adamw_lrs.split(",") if x.strip()]
     plan = []  # (label, rate, resolved learned optimizer or None), specs resolved before any training
     for spec, label in zip(specs, optimizer_labels(specs)):

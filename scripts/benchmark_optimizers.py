@@ -38,6 +38,7 @@ import optax
 
 import lopt
 import lopt.parts.layout
+import lopt.pretrained
 from lopt.file_io import update_markdown_section
 
 SECTION = "## Optimizer step"
@@ -45,6 +46,8 @@ SECTION = "## Optimizer step"
 MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10)}
 # block sizes at which `best_gemm_floor` times MLPLOpt's GEMMs
 GEMM_BLOCKS = (1024, 4096, 16384, 32768, 65536)
+# the shipped optimizers timed: the recommended one first, then the cheap-on-CPU one and two older Celo2LOpts
+SHIPPED = (lopt.pretrained.RECOMMENDED, "normmlp_v3", "celo2_v4", "celo2_v7")
 
 
 def model_params(widths: Sequence[int], key: jax.Array) -> dict:
@@ -74,15 +77,15 @@ def optimizers() -> dict[str, optax.GradientTransformation]:
     """The benchmarked optimizers by name: optax.adam(1e-3), optax.contrib.muon(0.02) (Newton–Schulz
     on the weight matrices, Adam on the biases), each learned optimizer at its initial theta, and the
     shipped meta-trained optimizers a user loads (`lopt.pretrained.load(name, num_steps=1000)`:
-    "normmlp_v3", a NormMLPLOpt; "celo2_v4", a Celo2LOpt; and "celo2_v7", `celo2_v5`'s theta with the
-    weight-decay and no-growth rules on). Every learned optimizer takes the
+    `lopt.pretrained.RECOMMENDED` ("celo2_v9"); "normmlp_v3", a NormMLPLOpt; "celo2_v4", a Celo2LOpt; and
+    "celo2_v7", `celo2_v5`'s theta with the weight-decay and no-growth rules on). Every learned optimizer takes the
     update layout of this machine's platform (`lopt.parts.layout.for_platform`), as `load` does."""
     out = {"optax.adam": optax.adam(1e-3), "optax.contrib.muon": optax.contrib.muon(0.02)}
     layout = platform_layout()
     for lo in [lopt.MLPLOpt(layout=layout), lopt.AdafacMLPLOpt(layout=layout), lopt.RNNMLPLOpt(layout=layout),
                lopt.NNAdam(), lopt.HyperLOpt(layout=layout), lopt.Celo2LOpt(layout=layout)]:
         out[lo.name] = lo.opt_fn(lo.init(jax.random.key(0)))
-    for name in ["normmlp_v3", "celo2_v4", "celo2_v7"]:
+    for name in SHIPPED:
         out[f"pretrained:{name}"] = lopt.pretrained.load(name, num_steps=1000)
     return out
 
@@ -313,7 +316,7 @@ def render(results: dict, flops: float, repeats: int, note: str, burst: int = 1,
         lines.append(f"| {size} | {t.update_s * 1e3:.2f} / {t.step_s * 1e3:.2f} | {t.update_s / floor:.2f} | "
                      f"{g_t * 1e3:.2f} ({block}, {g_flops / 1e9:.0f}) | {t.update_s / g_t:.2f} / {t.step_s / g_t:.2f} | "
                      f"{ada.update_s / adam.update_s:.1f} / {ada.step_s / adam.step_s:.1f} |")
-    celo = [name for name in ("Celo2LOpt", "pretrained:celo2_v4", "pretrained:celo2_v7")
+    celo = [name for name in ("Celo2LOpt", *(f"pretrained:{n}" for n in SHIPPED if n.startswith("celo2")))
             if all(name in res for _, res in results.values())]
     if celo:
         lines += ["", "Celo2LOpt orthogonalizes its weight matrices' updates as Muon does; its target is ≤ 2× Muon's step.", "",

@@ -15,8 +15,9 @@ of optimizer state per parameter. The optimizers: torch.optim.AdamW (lr 1e-3; to
 implementation, `foreach` on CPU), the same with `fused=True` where torch supports it on the
 device, "Muon + AdamW" (torch.optim.Muon on the 2-D weight matrices, AdamW on the rest, where the
 installed torch has Muon: the reference of the Celo2 family, which orthogonalizes the same
-matrices), and `lopt.torch.optimizer(name, model, num_steps=1000)` for the shipped "normmlp_v3"
-and "celo2_v5" (roles read from the model's modules; given the loss, as a closure would).
+matrices), and `lopt.torch.optimizer(name, model, num_steps=1000)` for the shipped
+`lopt.pretrained.RECOMMENDED` ("celo2_v9"), "normmlp_v3" and "celo2_v5" (its theta without the
+deploy rules; roles read from the model's modules; given the loss, as a closure would).
 `--device cuda` times on a GPU (synchronised around each step).
 """
 from __future__ import annotations
@@ -29,11 +30,12 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
+import lopt.pretrained
 import lopt.torch
 
 # layer widths, input first: ~1.0M and ~9.5M parameters (as scripts/benchmark_optimizers.py)
 MODELS = {"1M": (784, 1024, 192, 10), "10M": (3072, 2048, 1536, 10), "gpt2": "gpt2"}
-SHIPPED = ("normmlp_v3", "celo2_v5")  # lopt.pretrained names timed through lopt.torch
+SHIPPED = (lopt.pretrained.RECOMMENDED, "normmlp_v3", "celo2_v5")  # lopt.pretrained names timed through lopt.torch
 
 
 def build_model(widths, device: str = "cpu", seed: int = 0) -> torch.nn.Module:

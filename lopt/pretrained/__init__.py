@@ -46,8 +46,13 @@ from lopt.base import LearnedOptimizer
 from lopt.parts import layout as layout_lib
 from lopt.serialization import load_learned_optimizer
 
-__all__ = ["names", "load", "info", "load_learned_optimizer_by_name", "deployed_learned_optimizer", "theta_path",
-           "deploy_options"]
+__all__ = ["RECOMMENDED", "names", "load", "info", "load_learned_optimizer_by_name", "deployed_learned_optimizer",
+           "theta_path", "deploy_options"]
+
+RECOMMENDED = "celo2_v9"
+"""The one shipped optimizer every default uses (README, `lopt.torch.hf`, the benchmark scripts): the
+held-out recommendation, `celo2_v5`'s theta deployed with the horizon, depth, loss-aware weight-decay,
+growth-limit and conv-step rules (docs/pretrained.md)."""
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 # What every provenance file records (checked by `info`, so a shipped file cannot lack any of them).

@@ -1,10 +1,10 @@
 """Use a meta-trained lopt optimizer from PyTorch: `lopt.torch.optimizer(source, params, num_steps=N)`.
 
     import lopt.torch
-    opt = lopt.torch.optimizer("celo2_v5", model, num_steps=1000)   # roles read from model's modules
+    opt = lopt.torch.optimizer("celo2_v9", model, num_steps=1000)   # roles read from model's modules
     opt.step(closure)                       # the closure returns the loss (the shipped ones read it)
 
-    optimizer, scheduler = lopt.torch.hf.optimizers(model, args, source="celo2_v5")   # a HF Trainer
+    optimizer, scheduler = lopt.torch.hf.optimizers(model, args, source="celo2_v9")   # a HF Trainer
 
 `lr` is a multiplier of the learned step (1: as meta-trained, with its own schedule over
 num_steps), not a learning rate (`lopt.torch.schedules`). `lopt.torch.hf` (import it; it needs

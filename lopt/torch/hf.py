@@ -1,7 +1,7 @@
 """A meta-trained lopt optimizer in a Hugging Face `Trainer`, in one line.
 
     import lopt.torch.hf
-    optimizer, scheduler = lopt.torch.hf.optimizers(model, args, source="celo2_v5")
+    optimizer, scheduler = lopt.torch.hf.optimizers(model, args)   # source: lopt.pretrained.RECOMMENDED
     trainer = Trainer(model=model, args=args, train_dataset=train, optimizers=(optimizer, scheduler))
     trainer.train()                       # checkpoints and resume_from_checkpoint work as for AdamW
 
@@ -40,6 +40,7 @@ from typing import Any, Optional
 
 import torch
 
+from lopt.pretrained import RECOMMENDED
 from lopt.torch.optimizer import TorchLearnedOptimizer
 from lopt.torch.param_roles import ModuleRoles, module_roles
 from lopt.torch.rule import RULES
@@ -172,7 +173,7 @@ def _setup(model: torch.nn.Module, args: Any, source: Any, train_dataset: Any, n
     return num_steps, roles
 
 
-def optimizers(model: torch.nn.Module, args: Any, source: Any = "celo2_v5", *, train_dataset: Any = None,
+def optimizers(model: torch.nn.Module, args: Any, source: Any = RECOMMENDED, *, train_dataset: Any = None,
                num_steps: Optional[int] = None, lr: float = 1.0, strict_roles: bool = False,
                **options: Any) -> tuple:
     """The `(optimizer, scheduler)` pair for `Trainer(..., optimizers=...)` (module docstring).
@@ -180,7 +181,8 @@ def optimizers(model: torch.nn.Module, args: Any, source: Any = "celo2_v5", *, t
     Args:
       model: the model the Trainer trains.
       args: its `transformers.TrainingArguments`.
-      source: a shipped name (`lopt.pretrained.names()`), a theta file or a (learned_opt, theta) pair.
+      source: a shipped name (`lopt.pretrained.names()`; default `lopt.pretrained.RECOMMENDED`), a theta
+        file or a (learned_opt, theta) pair.
       train_dataset: the training set, to count num_steps from epochs when args.max_steps is unset.
       num_steps: the horizon, when you count it yourself.
       lr: the multiplier of the learned step (1: as meta-trained).
@@ -209,7 +211,7 @@ def optimizers(model: torch.nn.Module, args: Any, source: Any = "celo2_v5", *, t
     return opt, constant_schedule(opt)
 
 
-def optimizer_cls_and_kwargs(model: torch.nn.Module, args: Any, source: Any = "celo2_v5", *,
+def optimizer_cls_and_kwargs(model: torch.nn.Module, args: Any, source: Any = RECOMMENDED, *,
                              train_dataset: Any = None, num_steps: Optional[int] = None, lr: float = 1.0,
                              strict_roles: bool = False, **options: Any) -> tuple:
     """The pair for `Trainer(..., optimizer_cls_and_kwargs=...)`: `(TrainerOptimizer, kwargs)`.

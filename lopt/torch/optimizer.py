@@ -1,6 +1,6 @@
 """A meta-trained lopt optimizer as a `torch.optim.Optimizer`.
 
-    opt = lopt.torch.optimizer("normmlp_v3", model.parameters(), num_steps=1000)
+    opt = lopt.torch.optimizer("celo2_v9", model, num_steps=1000)   # lopt.pretrained.RECOMMENDED
     for batch in data:
         def closure():
             opt.zero_grad()
@@ -353,9 +353,9 @@ def optimizer(source: Any, params: Any, num_steps: Optional[int] = None, *, stri
     once); a `role` or `layout` option given here overrides them.
 
     Args:
-      source: a shipped name (`lopt.pretrained.names()`), a published one (`lopt.published.names()`:
-        "celo", "celo_adam", from their authors' weights), the path of a theta file (`lopt.save_theta`),
-        or a `(learned_opt, theta)` pair (e.g. `(lopt.MLPLOpt(), theta)`).
+      source: a shipped name (`lopt.pretrained.names()`; try `lopt.pretrained.RECOMMENDED`), a published
+        one (`lopt.published.names()`: "celo", "celo_adam", from their authors' weights), the path of
+        a theta file (`lopt.save_theta`), or a `(learned_opt, theta)` pair (`(lopt.MLPLOpt(), theta)`).
       params: an nn.Module, its named_parameters(), or an iterable of parameters or of parameter
         groups (dicts), as for any torch optimizer.
       num_steps: the training horizon N: how many steps you will take (required by the shipped

@@ -14,7 +14,7 @@ factory takes `num_steps`, which the inject_hyperparams tests inject (so it is t
 
 Which optimizer meets which method here (CI time: each case compiles a learned update): every
 optimizer runs the extra-args contract (with its no-recompilation check) and abstract init; the
-recommended shipped optimizers (celo2_v5, normmlp_v3) also run inject_hyperparams (num_steps
+recommended shipped optimizers (`lopt.pretrained.RECOMMENDED` and the cheap-on-CPU normmlp_v3) also run inject_hyperparams (num_steps
 injected, so traced), dtype preservation, MultiSteps and dtype stability for float16 and float64;
 `python -m pytest -m slow tests/lopt/test_optax_conformance.py` runs the listed methods on every
 optimizer, every dtype (skipped otherwise). ShardingTest's mesh cases need
@@ -50,7 +50,7 @@ NUM_STEPS = 10
 SHIPPED = tuple(lopt.pretrained.names())
 ARCHITECTURES = tuple(builtin_architectures())
 ALL = tuple(f"pretrained:{n}" for n in SHIPPED) + tuple(f"arch:{a}" for a in ARCHITECTURES)
-RECOMMENDED = ("pretrained:celo2_v5", "pretrained:normmlp_v3")
+RECOMMENDED = (f"pretrained:{lopt.pretrained.RECOMMENDED}", "pretrained:normmlp_v3")
 
 INAPPLICABLE = {
     ("ContribTest", "test_optimizers"): "fixed-budget convergence on toy functions (30k steps of a parabola / "
