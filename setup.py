@@ -19,7 +19,7 @@ setup(
     packages=find_packages(include=["lopt", "lopt.*", "outer_trainers", "outer_trainers.*", "tasks", "tasks.*"]),
     # Meta-trained theta files (a few KB each) and their provenance ship inside the package.
     # The published optimizers ship as their authors released them: theta file, LICENSE, provenance.
-    package_data={"lopt.pretrained": ["*.msgpack", "*.json"],
+    package_data={"lopt.pretrained": ["*.json", "thetas/*.msgpack"],
                   "lopt.published": ["*/theta.state", "*/LICENSE", "*/info.json"]},
     install_requires=[
         "jax>=0.6.0",

@@ -2,29 +2,27 @@
 
     import lopt.pretrained
     lopt.pretrained.names()                          # the shipped names
-    tx = lopt.pretrained.load(NAME, num_steps=1000)  # an optax transform
+    tx = lopt.pretrained.load(lopt.pretrained.RECOMMENDED, num_steps=1000)   # an optax transform
     lopt.pretrained.info(NAME)["command"]            # how to meta-train it again
 
-Each shipped optimizer NAME is two files in this package: NAME.msgpack, its theta as
-`lopt.save_theta` writes it (architecture, config and theta), and NAME.json, its provenance:
-the gin config it was meta-trained from, the command that re-creates it, the git commit, the
-meta-training steps, hours and hardware, what it was measured to do on held-out tasks against
-tuned Adam (including where it loses), the licence and the SHA-256 of the theta file, which
-`load` checks, and optionally the range of meta-training horizons ("meta_training_horizons", [min,
-max] steps; `load` warns past max). "deploy_options" are the hyper-parameters `load` sets on top
-of the saved config (rules that leave theta as it is, e.g. celo2_v5's horizon and depth rules,
-`lopt.rules`), with "deploy_options_reason" saying how they were chosen; they are data beside
-the theta they belong to, and `info` shows them.
+Theta files are stored once, by content: thetas/SHA256.msgpack, a `lopt.save_theta` file
+(architecture, config and theta) named by the SHA-256 of its bytes, which `load` checks. A shipped
+NAME is a small record, NAME.json: "theta_sha256" (which theta file), "architecture" and "config"
+(as meta-trained), "deploy_options" (what `load` sets on that config: the deploy rules and their
+constants, `lopt.rules`; {} for none) with "deploy_reason", and its provenance: "recipe" (the gin file
+in scripts/configs/ it was meta-trained from, relative to the repository root; the one place the
+recipe lives), "command" (the one command that re-creates it), "git_commit", "hardware",
+"meta_training_steps", "meta_training_hours", "meta_training_horizons" ([min, max] steps; `load`
+warns past max), "results" (what it was measured to do, where it loses included, in a few lines)
+and "licence". Several names may share one theta (celo2_v5 to celo2_v9 do) and differ only in their
+deploy options.
 
 The update layout (`lopt.parts.layout`: how the per-parameter work is cut into blocks, which
 changes speed, not the function) is resolved once, when `load` is called: `layout=None` takes
 the platform of jax's default backend then ("cpu" or "accelerator").
 
-This version ships "celo2_v5" (the recommended one), "celo2_v9" (celo2_v5's theta with the
-loss-aware weight-decay rule, the no-growth rule and larger steps in convnets, for held-out loss),
-"celo2_v8" (the same with convnets' steps unscaled), "celo2_v7" (celo2_v8 with the decay starting later), "celo2_v6" (celo2_v7 without the no-growth rule), "celo2_v4", "celo2_v2", "celo2_v1" (Celo2LOpt:
-learned, Muon-orthogonalized matrix updates), "normmlp_v3" and "normmlp_v2";
-docs/pretrained.md has a card for each: what it is, when to use it and where it loses.
+`RECOMMENDED` ("celo2_v9") is the one to use; "normmlp_v3" is the cheap one on a CPU; the others
+stay loadable to reproduce earlier figures (docs/pretrained.md lists each with what differs).
 """
 from __future__ import annotations
 
@@ -34,6 +32,7 @@ import hashlib
 import json
 import numbers
 import os
+import re
 import warnings
 from typing import Any, Optional
 
@@ -55,17 +54,19 @@ held-out recommendation, `celo2_v5`'s theta deployed with the horizon, depth, lo
 growth-limit and conv-step rules (docs/pretrained.md)."""
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
-# What every provenance file records (checked by `info`, so a shipped file cannot lack any of them).
-REQUIRED_INFO = ("name", "architecture", "gin_config", "command", "git_commit", "meta_training_steps",
-                 "meta_training_hours", "hardware", "suite_summary", "licence", "theta_sha256")
+THETA_DIR = "thetas"  # theta files, each named SHA256.msgpack after its bytes
+# What every record holds (checked by `info`, so a shipped record cannot lack any of them).
+REQUIRED_INFO = ("name", "architecture", "config", "theta_sha256", "recipe", "command", "git_commit", "hardware",
+                 "meta_training_steps", "meta_training_hours", "results", "licence")
+
+
 def names() -> list[str]:
     """The names of the shipped meta-trained optimizers, sorted.
 
     Returns:
-      Every NAME with both NAME.msgpack and NAME.json in this package.
+      Every NAME with a record NAME.json in this package.
     """
-    files = set(os.listdir(_DIR))
-    return sorted(f[:-len(".json")] for f in files if f.endswith(".json") and f[:-len(".json")] + ".msgpack" in files)
+    return sorted(f[:-len(".json")] for f in os.listdir(_DIR) if f.endswith(".json"))
 
 
 def _check_name(name: str) -> None:
@@ -75,54 +76,57 @@ def _check_name(name: str) -> None:
 
 
 def theta_path(name: str) -> str:
-    """The path of the shipped theta file of `name` (a `lopt.save_theta` file).
+    """The path of the shipped theta file of `name` (a `lopt.save_theta` file, shared by every name
+    with the same theta).
 
     Args:
       name: one of `names()`.
 
     Returns:
-      The absolute path of NAME.msgpack.
+      The absolute path of thetas/SHA256.msgpack, SHA256 the record's "theta_sha256".
 
     Raises:
-      ValueError: `name` is not shipped (the message lists the known names).
+      ValueError: `name` is not shipped (the message lists the known names), or its record is incomplete.
     """
-    _check_name(name)
-    return os.path.join(_DIR, name + ".msgpack")
+    return os.path.join(_DIR, THETA_DIR, info(name)["theta_sha256"] + ".msgpack")
 
 
 def info(name: str) -> dict:
-    """The provenance of a shipped optimizer.
+    """The record of a shipped optimizer: its theta, architecture, deploy options and provenance.
 
     Args:
       name: one of `names()`.
 
     Returns:
-      A fresh dict with at least the keys of `REQUIRED_INFO`: "gin_config" (the config text it was
-      meta-trained from), "command" (the one command that re-creates it), "git_commit",
-      "meta_training_steps", "meta_training_hours", "hardware", "suite_summary" (its measured
-      results against tuned Adam on held-out tasks, where it loses included), "licence",
-      "theta_sha256"; the "architecture" with its "config" (as meta-trained); and "deploy_options",
-      what `load` changes in that config ({} for none; `deploy_options`).
+      A fresh dict with at least the keys of `REQUIRED_INFO`: the "architecture" with its "config"
+      (as meta-trained), "theta_sha256" (its theta file, `theta_path`), "recipe" (the gin file it was
+      meta-trained from, relative to the repository root), "command" (the one command that re-creates
+      it), "git_commit", "hardware", "meta_training_steps", "meta_training_hours", "results" (a few
+      lines: its measured results against tuned baselines, where it loses included), "licence"; and
+      "deploy_options", what `load` changes in that config ({} for none; `deploy_options`).
 
     Raises:
-      ValueError: `name` is not shipped, or its provenance file lacks a required entry.
+      ValueError: `name` is not shipped, or its record lacks a required entry.
     """
     _check_name(name)
     with open(os.path.join(_DIR, name + ".json"), encoding="utf-8") as f:
         record = json.load(f)
     missing = [k for k in REQUIRED_INFO if k not in record]
     if missing:
-        raise ValueError(f"the provenance file of pretrained optimizer {name!r} lacks {missing}")
+        raise ValueError(f"the record of pretrained optimizer {name!r} lacks {missing}")
+    if not (isinstance(record["theta_sha256"], str) and re.fullmatch(r"[0-9a-f]{64}", record["theta_sha256"])):
+        raise ValueError(f"the record of pretrained optimizer {name!r} has theta_sha256 {record['theta_sha256']!r}: "
+                         f"expected 64 lower-case hex digits")
     record = copy.deepcopy(record)
     options = record.setdefault("deploy_options", {})
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
-        raise ValueError(f"the provenance file of pretrained optimizer {name!r} has deploy_options {options!r}: "
+        raise ValueError(f"the record of pretrained optimizer {name!r} has deploy_options {options!r}: "
                          f"expected an object of hyper-parameter names to values")
     return record
 
 
 def deploy_options(name: str) -> dict:
-    """What `load` sets on a shipped optimizer's saved config, as its provenance file records it.
+    """What `load` sets on a shipped optimizer's saved config, as its record holds it.
 
     Args:
       name: one of `names()`.
@@ -155,16 +159,18 @@ def load_learned_optimizer_by_name(name: str) -> tuple[LearnedOptimizer, Any]:
 def _load(name: str) -> tuple[dict, LearnedOptimizer, Any]:
     """(provenance, architecture, theta) of a shipped optimizer, the theta file checked (see above)."""
     record = info(name)
-    path = theta_path(name)
+    path = os.path.join(_DIR, THETA_DIR, record["theta_sha256"] + ".msgpack")
+    if not os.path.exists(path):
+        raise ValueError(f"pretrained optimizer {name!r}: its theta file {path} is missing; reinstall lopt")
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     if digest != record["theta_sha256"]:
         raise ValueError(f"the theta file of pretrained optimizer {name!r} ({path}) has SHA-256 {digest}, but "
                          f"{record['theta_sha256']} is recorded: the file is damaged or was replaced; reinstall lopt")
     learned_opt, theta = load_learned_optimizer(path)
-    if learned_opt.name != record["architecture"]:
-        raise ValueError(f"pretrained optimizer {name!r}: its theta file holds {learned_opt.name}, but its provenance "
-                         f"records {record['architecture']}")
+    if learned_opt.name != record["architecture"] or learned_opt.config() != record["config"]:
+        raise ValueError(f"pretrained optimizer {name!r}: its theta file holds {learned_opt.name} with config "
+                         f"{learned_opt.config()}, but its record holds {record['architecture']} with {record['config']}")
     return record, learned_opt, theta
 
 
@@ -230,8 +236,8 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
         a positive integer nor a scalar array where the optimizer needs it; `weight_dimension_numbers` or `strict_roles`
         for an architecture without the fan-in rule.
 
-    Warns (UserWarning) when `num_steps` exceeds the longest meta-training horizon the provenance
-    records ("meta_training_horizons").
+    Warns (UserWarning) when `num_steps` exceeds the longest meta-training horizon the record
+    holds ("meta_training_horizons").
     """
     record, learned_opt, theta = _load(name)
     learned_opt = _deployed(name, record, learned_opt)

@@ -1,14 +1,19 @@
-"""lopt.pretrained: a shipped optimizer's files load, carry the config of their recorded gin recipe,
-pass their checksum, and train a held-out task (not one of the recipe's) below its initial loss.
+"""lopt.pretrained: a shipped optimizer's record and theta file load, carry the config of its gin recipe
+(scripts/configs, the recipe's one home), pass their checksum, and train a held-out task (not one of
+the recipe's) below its initial loss; no record or recipe names a path that no longer exists.
 
 `check_shipped` is the contract every shipped optimizer meets. It runs on every name the package
 ships, and on a stand-in package directory built here from the committed recipe and a freshly
 initialised theta, so the machinery is tested whether or not a meta-trained theta is shipped.
 """
 import dataclasses
+import glob
 import hashlib
+import importlib
 import json
 import os
+import pkgutil
+import re
 import warnings
 
 import gin
@@ -31,15 +36,19 @@ def check_shipped(name: str, meta_trained: bool = True) -> None:
     record = lopt.pretrained.info(name)
     for key in lopt.pretrained.REQUIRED_INFO:
         assert record[key] not in (None, "", [], {}), key
-    # the recipe in scripts/configs is the recorded one, so the one documented command re-creates it
-    with open(os.path.join(ROOT, "scripts", "configs", f"pretrained_{name}.gin"), encoding="utf-8") as f:
-        assert f.read() == record["gin_config"]
-    assert f"--gin_file scripts/configs/pretrained_{name}.gin" in record["command"]
+    # the recipe is the gin file in scripts/configs (its one home), and the one documented command runs it
+    assert record["recipe"] == f"scripts/configs/pretrained_{name}.gin" and "gin_config" not in record
+    with open(os.path.join(ROOT, record["recipe"]), encoding="utf-8") as f:
+        recipe = f.read()
+    assert f"--gin_file {record['recipe']}" in record["command"]
+    assert isinstance(record["results"], list) and len(record["results"]) <= 4
+    with open(lopt.pretrained.theta_path(name), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == record["theta_sha256"]
     learned_opt, theta = lopt.pretrained.load_learned_optimizer_by_name(name)
     assert learned_opt.name == record["architecture"] and learned_opt.config() == record["config"]
     gin.clear_config()  # the architecture the recipe's bindings build is the one in the file
     try:
-        gin.parse_config(record["gin_config"], skip_unknown=True)
+        gin.parse_config(recipe, skip_unknown=True)
         built = lopt.architecture(record["architecture"])(**gin.get_bindings(record["architecture"]))
     finally:
         gin.clear_config()
@@ -80,26 +89,85 @@ def stand_in(tmp_path, monkeypatch):
         learned_opt = lopt.NormMLPLOpt(**gin.get_bindings("NormMLPLOpt"))
     finally:
         gin.clear_config()
-    path = tmp_path / f"{RECIPE}.msgpack"
-    lopt.save_theta(str(path), learned_opt, learned_opt.init(jax.random.key(0)))
-    record = {"name": RECIPE, "architecture": learned_opt.name, "config": learned_opt.config(), "gin_config": text,
+    (tmp_path / "thetas").mkdir()
+    staging = tmp_path / "theta.msgpack"
+    lopt.save_theta(str(staging), learned_opt, learned_opt.init(jax.random.key(0)))
+    digest = hashlib.sha256(staging.read_bytes()).hexdigest()
+    staging.rename(tmp_path / "thetas" / f"{digest}.msgpack")
+    record = {"name": RECIPE, "architecture": learned_opt.name, "config": learned_opt.config(), "theta_sha256": digest,
+              "recipe": f"scripts/configs/pretrained_{RECIPE}.gin",
               "command": f"python scripts/outer_train.py --gin_file scripts/configs/pretrained_{RECIPE}.gin "
                          f"--output_dir RUN_DIR", "git_commit": "test", "meta_training_steps": 0,
-              "meta_training_hours": 0.0, "hardware": "test", "suite_summary": {"note": "a fresh theta, not meta-trained"},
-              "licence": "same licence as lopt", "theta_sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+              "meta_training_hours": 0.0, "hardware": "test", "results": ["a fresh theta, not meta-trained"],
+              "licence": "same licence as lopt"}
     (tmp_path / f"{RECIPE}.json").write_text(json.dumps(record))
     monkeypatch.setattr(lopt.pretrained, "_DIR", str(tmp_path))
     return tmp_path
 
 
 def test_shipped_optimizers_meet_the_contract():
-    """Every NAME.msgpack ships with its NAME.json and meets the contract; normmlp_v2 and normmlp_v3 are shipped."""
-    files = os.listdir(os.path.dirname(lopt.pretrained.__file__))
-    data = sorted(os.path.splitext(f)[0] for f in files if f.endswith((".msgpack", ".json")))
-    assert data == sorted(n for n in lopt.pretrained.names() for _ in range(2)), f"unpaired files: {data}"
+    """Every record meets the contract; each distinct theta is stored once, under its SHA-256, and every
+    stored theta belongs to a record; normmlp_v2 and normmlp_v3 are shipped."""
+    here = os.path.dirname(lopt.pretrained.__file__)
+    assert not [f for f in os.listdir(here) if f.endswith(".msgpack")], "theta files belong in thetas/"
+    stored = sorted(os.listdir(os.path.join(here, lopt.pretrained.THETA_DIR)))
+    assert stored == sorted({lopt.pretrained.info(n)["theta_sha256"] + ".msgpack" for n in lopt.pretrained.names()})
     assert {"normmlp_v2", "normmlp_v3"} <= set(lopt.pretrained.names())
     for name in lopt.pretrained.names():
         check_shipped(name)
+
+
+def test_celo2_v5_to_v9_share_one_theta_file():
+    paths = {lopt.pretrained.theta_path(f"celo2_v{i}") for i in range(5, 10)}
+    assert len(paths) == 1 and os.path.exists(paths.pop())
+
+
+_FILE_PATH = re.compile(r"(?<![\w./])((?:lopt|tasks|outer_trainers|scripts|docs|tests)/[\w/.-]*\w\.(?:py|gin|md|json))")
+_DOTTED = re.compile(r"(?<![\w./])((?:lopt|tasks|outer_trainers)(?:\.\w+)+)")
+_SHORT = re.compile(r"(?<![\w./])(\w+)\.(\w+)")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether `a.b.c` names a module or an attribute of one (the longest importable prefix, then getattr)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def _stale_paths(text: str) -> list[str]:
+    """The file paths and module paths `text` names that do not exist (files relative to the repository
+    root; `lopt.x.y`; `module.name` where module is one of lopt's parts, rules or architectures)."""
+    import lopt.archs
+    import lopt.parts
+    import lopt.rules
+    short = {m.name: f"{pkg.__name__}.{m.name}" for pkg in (lopt.parts, lopt.rules, lopt.archs)
+             for m in pkgutil.iter_modules(pkg.__path__)}
+    stale = [p for p in _FILE_PATH.findall(text) if not os.path.exists(os.path.join(ROOT, p))]
+    stale += [d for d in _DOTTED.findall(text) if not _resolves(d)]
+    stale += [f"{m}.{a}" for m, a in _SHORT.findall(text) if m in short and not _resolves(f"{short[m]}.{a}")]
+    return stale
+
+
+def test_every_path_a_record_or_recipe_names_resolves():
+    """No shipped record or pretrained recipe names a file or module that no longer exists."""
+    assert _stale_paths("see lopt/orthogonal/celo2_lopt.py and features.horizon_scale, lopt.rules.nope") == [
+        "lopt/orthogonal/celo2_lopt.py", "lopt.rules.nope", "features.horizon_scale"]
+    assert _stale_paths("lopt/archs/celo2_lopt.py, lopt.rules.horizon.horizon_scale, horizon.horizon_scale") == []
+    texts = {path: open(path, encoding="utf-8").read()
+             for path in glob.glob(os.path.join(ROOT, "scripts", "configs", "pretrained_*.gin"))}
+    texts.update({f"lopt.pretrained.info({n!r})": json.dumps(lopt.pretrained.info(n)) for n in lopt.pretrained.names()})
+    stale = {where: found for where, text in texts.items() if (found := _stale_paths(text))}
+    assert not stale, stale
 
 
 def test_stand_in_meets_the_contract_through_the_api(stand_in):
@@ -116,10 +184,11 @@ def test_unknown_name_missing_horizon_and_damaged_file_are_refused(stand_in):
         lopt.pretrained.load(RECIPE)  # its step-size schedule reads the training progress
     with pytest.raises(ValueError, match="positive int"):
         lopt.pretrained.load(RECIPE, num_steps=0)
-    path = stand_in / f"{RECIPE}.msgpack"
-    data = bytearray(path.read_bytes())
+    path = lopt.pretrained.theta_path(RECIPE)
+    data = bytearray(open(path, "rb").read())
     data[-3] ^= 0xFF
-    path.write_bytes(bytes(data))
+    with open(path, "wb") as f:
+        f.write(bytes(data))
     with pytest.raises(ValueError, match="damaged or was replaced"):
         lopt.pretrained.load(RECIPE, num_steps=10)
 
