@@ -8,7 +8,7 @@
 
 `--optimizer` (repeatable; `--theta PATH` is the same as `--optimizer PATH`) is a theta file
 (`lopt.save_theta`), `pretrained:NAME` (`lopt.pretrained.load(NAME, num_steps=...)`) or a
-baseline name (adam, adamw, muon, sgdm: then it is tuned like a baseline). A learned optimizer is told
+baseline spec (then it is tuned like a baseline, below). A learned optimizer is told
 each task's step budget and is not tuned. A suite (`tasks.suites`, e.g. heldout-cpu, smoke) fixes
 the tasks, their step budgets, seeds and eval split; `--task` (a gin-style constructor call of a
 public tasks class; a family draws one task per seed) takes `--num_steps` and `--num_seeds`.
@@ -16,12 +16,26 @@ public tasks class; a family draws one task per seed) takes `--num_steps` and `-
 The protocol is outer_trainers.evaluation.protocol's: held-out first. Every run trains on a task's
 train split and measures, in the same jitted program, its validation loss ("inner_valid", at 20
 evenly spaced steps, the last at the end) and its test loss on the eval split ("test"; and test
-accuracy for image classifiers) after training. Every baseline (`--baselines`, default adam, adamw
-(weight decay 1e-2), muon (optax.contrib.muon: weight matrices and conv kernels orthogonalised,
-embeddings and vectors by Adam) and sgdm = SGD with momentum 0.9) is trained per task at each rate of
-a 7-point log-spaced grid (Adam, AdamW 1e-4..1e-1; Muon, SGD 1e-3..1) for every seed, all rates and
-seeds in one jitted program; its rate is the one of lowest median final VALIDATION loss over seeds
-(a diverged seed loses), the grid extended while that rate lies on its edge. Test data never enters
+accuracy for image classifiers) after training. A baseline spec (`--baselines`, comma-separated) is
+NAME or NAME:SCHEDULE, NAME one of adam, adamw, muon (optax.contrib.muon: weight matrices and conv
+kernels orthogonalised, embeddings and vectors by Adam) and sgdm (SGD with momentum 0.9), SCHEDULE one of
+
+    constant   the rate constant over the task's step budget (a bare NAME means this, as it always did)
+    cosine     linear warm-up over 5% of the budget, then cosine decay to 0 at the budget's end
+    linear     linear warm-up, then linear decay to 0
+    tuned      the schedule chosen with the rate: constant or warm-up + cosine
+
+(optax's schedules over the same step budget a learned optimizer is told). The default baselines are
+adamw:tuned, muon:tuned, sgdm:tuned and constant-rate adam, the reference row of the earlier protocol.
+Every baseline is tuned per task over rate x weight decay x schedule on the final VALIDATION loss, by
+one two-stage rule: one seed trains at every point of the grid (7 log-spaced rates: Adam, AdamW
+1e-4..1e-1; Muon, SGD 1e-3..1; AdamW's and Muon's weight decay 0, 1e-3, 1e-2, 0.1, 1, multiplied by the
+rate as optax does; Adam and SGD no decay), all points in one jitted program, the grid extended along
+an axis while its best point lies on that axis's edge; then every seed trains at the 3 best points, and
+the one of lowest median final validation loss over seeds wins (a diverged seed loses). `BaselineTuning.*`
+gin bindings change it: `BaselineTuning.top_k = None` (every seed at every point),
+`BaselineTuning.weight_decay = 0.01` (AdamW's decay fixed, the earlier protocol),
+`BaselineTuning.warmup_fraction`, `BaselineTuning.tuned_schedules`. Test data never enters
 tuning. Each optimizer is then scored against each tuned baseline. The headline is the TEST loss at
 the end of training: wins, the interquartile mean (IQM) of the test-loss ratio with its 95%
 stratified-bootstrap interval, the held-out VeLOdrome ratio (the steps the baseline's validation
@@ -29,8 +43,8 @@ curve needs to reach the optimizer's final validation loss, over the budget; "> 
 does not) and the performance profile on test loss. Train loss is the secondary table: final
 train loss (mean of the last 10% of steps), its ratio, time to reach the baseline's final train
 loss and the speedup. With adamw among the baselines, every optimizer's time to reach tuned
-AdamW's final validation loss is reported in steps and wall-clock seconds (its measured time per
-training step x the step; evaluate.time_steps = False skips the measurement). The summary also
+AdamW's (adamw:tuned's) final validation loss is reported in steps and wall-clock seconds (its
+measured time per training step x the step; evaluate.time_steps = False skips the measurement). The summary also
 names the tasks on which an optimizer diverged or collapsed (ended no better than the task's
 trivial loss, where the task declares one). Writes to output_dir (refusing to replace an earlier
 evaluation's files unless --overwrite):
@@ -122,10 +136,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--output_dir", required=True, help="where the result files go")
     p.add_argument("--suite", help=f"an evaluation suite of tasks.suites: {', '.join(suites.names())}")
     p.add_argument("--optimizer", action="append", default=[],
-                   help="a theta file, an outer_train checkpoint file, pretrained:NAME, or a baseline name (adam, adamw, "
-                        "muon, sgdm); repeatable")
+                   help="a theta file, an outer_train checkpoint file, pretrained:NAME, or a baseline spec NAME[:SCHEDULE] "
+                        f"(NAME of {', '.join(evaluation.baseline_names())}; SCHEDULE of "
+                        f"{', '.join(evaluation.SCHEDULE_CHOICES)}; e.g. adamw:cosine); repeatable")
     p.add_argument("--theta", help="a theta_final.msgpack (the same as --optimizer PATH)")
-    p.add_argument("--baselines", help=f"comma-separated baselines: tuned ones, of {', '.join(evaluation.baseline_names())}, "
+    p.add_argument("--baselines", help=f"comma-separated baselines: tuned ones, NAME[:SCHEDULE] with NAME of "
+                                       f"{', '.join(evaluation.baseline_names())} and SCHEDULE of "
+                                       f"{', '.join(evaluation.SCHEDULE_CHOICES)} (bare NAME: constant; e.g. adamw:cosine), "
                                        f"and untuned published learned optimizers, published:NAME (e.g. published:celo_adam) "
                                        f"(default {','.join(evaluation.DEFAULT_BASELINES)}; '' for none)")
     p.add_argument("--task", action="append", default=[], help="e.g. 'QuadraticFamily(dim=4)' (repeatable)")

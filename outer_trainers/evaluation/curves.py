@@ -97,7 +97,7 @@ def save_curves(path: str, results: dict) -> None:
       path: the .npz file to write.
       results: `{task name: run_task's runs}`; each run is stored under
         "TASK/OPTIMIZER/LEARNING_RATE" (the rate formatted with 6 significant digits, "nan" for a
-        learned optimizer) as its [seeds, steps] losses, and, when measured, under
+        learned optimizer; "/wdDECAY/SCHEDULE" appended for a baseline tuned by `grid_search`) as its [seeds, steps] losses, and, when measured, under
         "valid/TASK/OPTIMIZER/LEARNING_RATE" its [seeds, K] validation curve and
         "valid_steps/TASK/OPTIMIZER/LEARNING_RATE" the K steps it was measured after.
     """
@@ -105,6 +105,8 @@ def save_curves(path: str, results: dict) -> None:
     for t, runs in results.items():
         for r in runs:
             name = f"{t}/{r['optimizer']}/{r['learning_rate']:.6g}"
+            if "schedule" in r:  # a grid_search run: its decay and schedule too, so no two points share a name
+                name += f"/wd{r['weight_decay']:.6g}/{r['schedule']}"
             arrays[name] = r["losses"]
             if "valid_curve" in r:
                 arrays[f"valid/{name}"], arrays[f"valid_steps/{name}"] = r["valid_curve"], r["valid_steps"]

@@ -3,13 +3,17 @@
     opts = [resolve_optimizer(s, label) for s, label in zip(specs, optimizer_labels(specs))]
     run = run_learned(opts[0], family, num_steps, cfgs, run_keys, eval_split="test", sequential=False)
 
-A spec is a baseline name (`tuning.baseline_names()`: tuned like a baseline), "pretrained:NAME"
+A spec is a baseline spec (tuned like a baseline: `parse_baseline`), "pretrained:NAME"
 (`lopt.pretrained.load(NAME, num_steps=...)`), "published:NAME" (`lopt.published.load(NAME,
 num_steps=...)`: another authors' learned optimizer, e.g. published:celo_adam), a theta file
 (`lopt.save_theta`) or a checkpoint file of an `outer_train` run
 (`outer_trainers.theta_from_checkpoint`). A learned optimizer is told each task's step budget as
 its horizon and is never tuned. "published:NAME" is also an untuned baseline (`--baselines
-adam,published:celo_adam`): it runs once per task and every optimizer is scored against it.
+adam,published:celo_adam`): it runs once per task and every optimizer is scored against it (lopt.published.load
+takes no rate, so a published optimizer runs with its authors' own step sizes, never on a schedule of ours).
+
+A baseline spec is NAME or NAME:SCHEDULE ("adam", "adamw:cosine", "muon:tuned"): `baselines.specs`
+(`parse_baseline`, re-exported here) says what each names.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
+from outer_trainers.evaluation.baselines.specs import SCHEDULE_CHOICES, TUNED, is_tuned_baseline, parse_baseline
 from outer_trainers.evaluation.task_trainer import VALID_SPLIT, run_fixed
 from outer_trainers.evaluation.tuning import baseline_names
 from outer_trainers.runs import theta_from_file
@@ -26,8 +31,6 @@ from tasks.base import TaskFamily
 
 PRETRAINED = "pretrained:"
 PUBLISHED = "published:"
-
-
 def is_untuned_baseline(spec: str) -> bool:
     """Whether a baseline spec is an untuned learned one ("published:NAME"), run as it is rather than tuned."""
     return isinstance(spec, str) and spec.startswith(PUBLISHED)
@@ -43,8 +46,8 @@ def resolve_optimizer(spec: str, label: str) -> dict:
     """What an optimizer spec names, loaded and checked.
 
     Args:
-      spec: a baseline name, "pretrained:NAME", "published:NAME", a theta file path or an outer_train
-        checkpoint file.
+      spec: a baseline spec (`parse_baseline`), "pretrained:NAME", "published:NAME", a theta file path or an
+        outer_train checkpoint file.
       label: the optimizer's name in the results.
 
     Returns:
@@ -53,9 +56,14 @@ def resolve_optimizer(spec: str, label: str) -> dict:
       `lopt.pretrained` / `lopt.published` module for "pretrained:" / "published:" ("name", "module").
 
     Raises:
-      ValueError: an unknown pretrained name (or lopt.pretrained without `load`), or an unreadable theta file.
+      ValueError: an unknown pretrained name (or lopt.pretrained without `load`), a baseline with an unknown
+        schedule, or an unreadable theta file.
     """
-    if spec in baseline_names():
+    if is_tuned_baseline(spec):
+        try:
+            parse_baseline(spec)
+        except ValueError as e:
+            raise ValueError(f"evaluate: --optimizer {e}") from None
         return {"label": label, "spec": spec, "kind": "baseline"}
     if spec.startswith(PRETRAINED):
         name = spec[len(PRETRAINED):]
@@ -78,7 +86,8 @@ def resolve_optimizer(spec: str, label: str) -> dict:
                              f"lopt.published.names() = {published.names()}")
         return {"label": label, "spec": spec, "kind": "published", "name": name, "module": published}
     if not os.path.isfile(spec):
-        raise ValueError(f"evaluate: --optimizer {spec!r} is neither a baseline ({', '.join(baseline_names())}), "
+        raise ValueError(f"evaluate: --optimizer {spec!r} is neither a baseline ({', '.join(baseline_names())}, "
+                         f"optionally NAME:SCHEDULE with SCHEDULE one of {', '.join(SCHEDULE_CHOICES)}), "
                          f"nor pretrained:NAME, nor an existing theta or checkpoint file")
     try:
         learned_opt, theta = theta_from_file(spec)
@@ -99,7 +108,7 @@ def optimizer_labels(specs: Sequence[str]) -> list[str]:
     Returns:
       the labels, unique, in the order of `specs`.
     """
-    files = [s for s in specs if s not in baseline_names() and not s.startswith((PRETRAINED, PUBLISHED))]
+    files = [s for s in specs if not is_tuned_baseline(s) and not s.startswith((PRETRAINED, PUBLISHED))]
     labels = []
     for s in specs:
         if s in files:

@@ -56,9 +56,12 @@ def lr_label(run: dict, edge: Optional[str] = None) -> str:
       edge: `grid_edge` of its optimizer's runs.
 
     Returns:
-      e.g. "0.001", "—", "0.0001 (every setting diverged)", "1 (high edge)".
+      e.g. "0.001", "—", "0.0001 (every setting diverged)", "1 (high edge)"; a run of
+      `grid_search.tune_baseline` adds its decay and schedule: "0.001 wd 0.1 cosine".
     """
     lr = "—" if np.isnan(run["learning_rate"]) else f"{run['learning_rate']:.3g}"
+    if "schedule" in run and not np.isnan(run["learning_rate"]):
+        lr += f" wd {run['weight_decay']:.3g} {run['schedule']}"
     if run.get("diverged"):
         return lr + DIVERGED
     return lr + (f" ({edge} edge)" if edge and not np.isnan(run["learning_rate"]) else "")
@@ -308,7 +311,9 @@ def results_json(results: dict, info: dict, comparisons: dict, summary: dict, me
 
     Returns:
       `{**meta, "summary": summary, "tasks": {task: {**info, "optimizers": {name: {"learning_rates",
-      "best_learning_rate" (None for a learned optimizer), "grid_edge", "every_rate_diverged",
+      "best_learning_rate" (None for a learned optimizer), "best_weight_decay", "best_schedule" and
+      "settings" [[lr, decay, schedule] per run] (decay and schedule None unless tuned by
+      `grid_search`), "grid_edge", "every_rate_diverged",
       "final_train" [per seed], "eval" (test loss) [per seed], "valid" [per seed], "accuracy" [per
       seed] (None: not a classifier), "valid_steps" [K], "valid_curve" [per seed][K], "step_seconds",
       "initial_train" [per seed]}}, "comparisons":
@@ -322,6 +327,9 @@ def results_json(results: dict, info: dict, comparisons: dict, summary: dict, me
             tuned = len(own) > 1 or not np.isnan(own[0]["learning_rate"])
             opts[name] = {"learning_rates": [r["learning_rate"] for r in own] if tuned else None,
                           "best_learning_rate": best["learning_rate"] if tuned else None,
+                          "best_weight_decay": best.get("weight_decay"), "best_schedule": best.get("schedule"),
+                          "settings": [[r["learning_rate"], r.get("weight_decay"), r.get("schedule")] for r in own]
+                          if tuned else None,
                           "grid_edge": grid_edge(runs, name) if tuned else None,
                           "every_rate_diverged": bool(best.get("diverged", False)),
                           "final_train": final_loss(best["losses"]), "eval": best["evals"],
@@ -337,7 +345,8 @@ def write_csv(path: str, results: dict, info: dict) -> None:
     """Writes every run of every task, one row per seed, to a CSV file.
 
     Columns: task, optimizer, learning_rate (empty for a learned optimizer), seed,
-    final_train_loss (`final_loss`), valid_loss, test_loss, test_accuracy (empty when not measured).
+    final_train_loss (`final_loss`), valid_loss, test_loss, test_accuracy (empty when not measured),
+    weight_decay, schedule (empty unless tuned by `grid_search`).
 
     Args:
       path: the CSV file to write.
@@ -347,7 +356,7 @@ def write_csv(path: str, results: dict, info: dict) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(["task", "optimizer", "learning_rate", "seed", "final_train_loss", "valid_loss", "test_loss",
-                    "test_accuracy"])
+                    "test_accuracy", "weight_decay", "schedule"])
         cell = lambda r, key, i: f"{r[key][i]:.6g}" if key in r else ""
         for task, runs in results.items():
             for r in runs:
@@ -355,4 +364,5 @@ def write_csv(path: str, results: dict, info: dict) -> None:
                 finals = final_loss(r["losses"])
                 for i, s in enumerate(info[task]["seeds"]):
                     w.writerow([task, r["optimizer"], lr, s, f"{finals[i]:.6g}", cell(r, "valids", i),
-                                cell(r, "evals", i), cell(r, "accuracy", i)])
+                                cell(r, "evals", i), cell(r, "accuracy", i),
+                                f"{r['weight_decay']:.6g}" if "weight_decay" in r else "", r.get("schedule", "")])

@@ -6,16 +6,16 @@
 For every task (`task_plan.check_arguments`) and seed, every optimizer and every baseline trains
 the same task draw from the same initialisation (`task_trainer.task_draws`), and each run measures,
 in the same program, its validation loss at 20 evenly spaced steps (the last at the end) and its
-test loss (and, for an image classifier, test accuracy) after training. Each baseline is tuned
-over its learning-rate grid on the final validation loss (`tuning.tune_learning_rate`,
-`tuning.best_runs`), each learned optimizer runs once, told the task's step budget
+test loss (and, for an image classifier, test accuracy) after training. Each baseline spec
+("adam", "adamw:tuned", ...) is tuned over rate x weight decay x schedule on the final validation
+loss by the two-stage rule (`baselines`), each learned optimizer runs once, told the task's step budget
 (`optimizer_specs.run_learned`), and every optimizer's wall time per training step is measured
 (`wall_clock.step_seconds`). Each optimizer is then scored against each tuned baseline's best run
 (`scores.compare_runs` with the task's trivial loss, `aggregate.summarize`: wins and IQMs of the
 test-loss ratio first, then of the train-loss ratio, speedups and the held-out VeLOdrome ratios,
 with stratified-bootstrap intervals), every optimizer and baseline gets its performance profile on
 test loss (`aggregate.performance_profile`) and its time to reach tuned AdamW's final validation
-loss in wall-clock (`wall_clock.time_to_target`, when AdamW is a baseline). `output_dir` receives
+loss in wall-clock (`wall_clock.time_to_target`, `target_baseline`). `output_dir` receives
 RESULT_FILES:
 
     results.json  everything, machine-readable (non-finite numbers as null, with flags)
@@ -30,12 +30,10 @@ RESULT_FILES:
 and an earlier evaluation's files are never replaced unless `overwrite`. Each task's runs are also
 kept in `finished_tasks/` as soon as the task is done (`task_store`): the same evaluation run again
 into the same directory after a stop trains only the tasks it had not finished. How the baselines are
-tuned (their starting grids, SGD's momentum, AdamW's weight decay, the grid extensions) is one
-`BaselineTuning` value; `scripts/evaluate.py` builds it from its gin bindings (`BaselineTuning.momentum = 0.8`).
+tuned is one `BaselineTuning` value; `scripts/evaluate.py` builds it from its gin bindings (`BaselineTuning.momentum = 0.8`).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import resource
@@ -47,62 +45,26 @@ import numpy as np
 
 from outer_trainers.evaluation.aggregate import performance_profile, summarize
 from outer_trainers.evaluation.curves import plot_curves, plot_performance_profile, save_curves
-from outer_trainers.evaluation.optimizer_specs import (is_untuned_baseline, learned_tx, optimizer_labels,
-                                                        resolve_optimizer, run_learned)
+from outer_trainers.evaluation.baselines import BaselineTuning, schedule_index, scheduled_baseline, tune_spec
+from outer_trainers.evaluation.optimizer_specs import (is_tuned_baseline, is_untuned_baseline, learned_tx,
+                                                        optimizer_labels, parse_baseline, resolve_optimizer,
+                                                        run_learned)
 from outer_trainers.evaluation.report import results_json, results_markdown, write_csv, write_json, write_text
 from outer_trainers.evaluation.scores import COLLAPSE_MARGIN, compare_runs, trivial_loss_of
 from outer_trainers.evaluation.task_plan import check_arguments
 from outer_trainers.evaluation.task_store import FINISHED_DIR, TaskStore, spec_identity
 from outer_trainers.evaluation.task_trainer import VALID_POINTS, VALID_SPLIT, task_draws
-from outer_trainers.evaluation.tuning import ADAMW_WEIGHT_DECAY, baseline, best_runs, default_lrs, tune_learning_rate
+from outer_trainers.evaluation.tuning import ADAMW_WEIGHT_DECAY, baseline, best_runs, tune_learning_rate
 from outer_trainers.evaluation.wall_clock import step_seconds, time_to_target
 from tasks.base import TaskFamily, check_count
 from tasks.conv import ConvFamily
 
 RESULT_FILES = ("results.csv", "curves.png", "results.md", "curves.npz", "results.json", "performance_profile.png")
-ADAM_LRS, ADAMW_LRS, SGDM_LRS = default_lrs("adam"), default_lrs("adamw"), default_lrs("sgdm")
-MUON_LRS = default_lrs("muon")
-DEFAULT_BASELINES = ("adam", "adamw", "muon", "sgdm")
+# scheduled, tuned AdamW, Muon and SGD with momentum (rate, decay and schedule chosen on validation loss), and
+# constant-rate Adam as the reference row of the earlier protocol
+DEFAULT_BASELINES = ("adam", "adamw:tuned", "muon:tuned", "sgdm:tuned")
 Log = Optional[Callable[[str], None]]
 print_now = functools.partial(print, flush=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class BaselineTuning:
-    """How `evaluate` tunes each baseline per task (the protocol of `outer_trainers.evaluation.protocol`).
-
-    Every baseline trains at each rate of its starting grid for every seed; the grid is extended by 2
-    rates past an edge holding the best rate, at most `max_extensions` times (`tuning.tune_learning_rate`).
-    The values are checked by `evaluate` before any work (`task_plan.check_arguments`).
-
-    Attributes:
-      adam_lrs: Adam's starting learning-rate grid (default: 7 log-spaced rates, 1e-4 .. 1e-1).
-      adamw_lrs: AdamW's starting grid (1e-4 .. 1e-1).
-      muon_lrs: Muon's starting grid (1e-3 .. 1).
-      sgdm_lrs: SGD-with-momentum's starting grid (1e-3 .. 1).
-      momentum: SGD's momentum, in [0, 1).
-      weight_decay: AdamW's decoupled weight decay (multiplied by the learning rate, as optax does).
-      max_extensions: the most extensions of a baseline's grid past its edge (>= 0).
-    """
-    adam_lrs: Sequence[float] = ADAM_LRS
-    adamw_lrs: Sequence[float] = ADAMW_LRS
-    muon_lrs: Sequence[float] = MUON_LRS
-    sgdm_lrs: Sequence[float] = SGDM_LRS
-    momentum: float = 0.9
-    weight_decay: float = ADAMW_WEIGHT_DECAY
-    max_extensions: int = 4
-
-    def __post_init__(self):
-        for name in ("adam_lrs", "adamw_lrs", "muon_lrs", "sgdm_lrs"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-
-    def grids(self) -> dict:
-        """The starting grids by baseline name.
-
-        Returns:
-          {"adam": adam_lrs, "adamw": adamw_lrs, "muon": muon_lrs, "sgdm": sgdm_lrs}.
-        """
-        return {"adam": self.adam_lrs, "adamw": self.adamw_lrs, "muon": self.muon_lrs, "sgdm": self.sgdm_lrs}
 
 
 def runs_in_sequence(family: TaskFamily) -> bool:
@@ -138,13 +100,18 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
              baselines: Sequence[str], grids: dict, eval_split: str, *, momentum: float = 0.9,
              weight_decay: float = ADAMW_WEIGHT_DECAY, max_extensions: int = 4, valid_split: str = VALID_SPLIT,
              valid_points: int = VALID_POINTS, select_by: str = "valid",
-             time_steps: bool = False, tuned_runs: Optional[dict] = None) -> tuple[list[dict], dict]:
-    """Trains one task per seed with every optimizer and every baseline (tuned: `tune_learning_rate`).
+             time_steps: bool = False, tuned_runs: Optional[dict] = None,
+             tuning: Optional[BaselineTuning] = None) -> tuple[list[dict], dict]:
+    """Trains one task per seed with every optimizer and every baseline (tuned: `tune_spec` or `tune_learning_rate`).
 
     Every setting sees the same task draws and initialisations (`task_draws`). A baseline given
-    as an optimizer under its own name is tuned once, not twice. With `time_steps`, every run of
-    an optimizer gets "step_seconds": its measured wall time per training step
-    (`wall_clock.step_seconds`, a baseline at its best rate).
+    as an optimizer under its own name is tuned once, not twice. With `tuning`, every baseline spec
+    (`baselines.parse_baseline`) is tuned by `baselines.tune_spec` (rate x decay x
+    schedule, the two-stage rule) and `grids`, `momentum`, `weight_decay`, `max_extensions` are
+    ignored; without it (the earlier rule, kept for meta-training's validation selection) every
+    baseline is a bare name tuned over its rate grid at a constant rate (`tune_learning_rate`). With
+    `time_steps`, every run of an optimizer gets "step_seconds": its measured wall time per training
+    step (`wall_clock.step_seconds`, a baseline at its best setting).
 
     Args:
       family: the task family (a Task lifted by `single_task_family` draws the same task every seed).
@@ -163,6 +130,7 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
       time_steps: measure each optimizer's wall time per step.
       tuned_runs: {baseline name: its runs on this task from an earlier evaluation with the same
         settings} (`task_store.TaskStore.baseline_runs`): used as they are, not tuned again.
+      tuning: how baseline specs are tuned (`BaselineTuning`), or None: the earlier constant-rate rule.
 
     Returns:
       (runs, seconds): the run dicts (`task_trainer`'s module docstring, float64; "learning_rate"
@@ -174,6 +142,22 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
     runs, seconds, tuned = [], {}, set()
 
     def tune(label, name):
+        if tuning is not None:
+            own = tune_spec(family, name, tuning, num_steps, cfgs, run_keys, label=label, select_by=select_by,
+                            **common)
+            if time_steps:
+                best = best_runs(own, select_by)[label]
+                base, _ = parse_baseline(name)
+                make_tx = scheduled_baseline(base, num_steps, momentum=tuning.momentum,
+                                             warmup_fraction=tuning.warmup_fraction)
+                f32 = lambda x, dt=jax.numpy.float32: jax.numpy.asarray(x, dt)
+                timed(own, make_tx, {"learning_rate": f32(best["learning_rate"]),
+                                     "weight_decay": f32(best["weight_decay"]),
+                                     "schedule": f32(schedule_index(best["schedule"]), jax.numpy.int32)})
+            return own
+        if name not in grids:
+            raise ValueError(f"run_task: baseline {name!r} needs tuning=BaselineTuning(...) (a schedule or a "
+                             f"decay grid); without it the baselines are {sorted(grids)}")
         make_tx = baseline(name, momentum=momentum, weight_decay=weight_decay)
         own = tune_learning_rate(family, label, make_tx, grids[name], cfgs, run_keys, num_steps,
                                  max_extensions=max_extensions, select_by=select_by, **common)
@@ -214,6 +198,20 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
             runs += tune(name, name)
         seconds[name] = time.perf_counter() - start
     return runs, seconds
+
+
+def target_baseline(baselines: Sequence[str]) -> str:
+    """The tuned AdamW whose final validation loss is the time-to-target's target: "adamw:tuned" when it is
+    a baseline, else the first AdamW spec among `baselines`, else "adamw".
+
+    Args:
+      baselines: the evaluation's baseline specs.
+
+    Returns:
+      the spec.
+    """
+    adamws = [b for b in baselines if is_tuned_baseline(b) and b.partition(":")[0] == "adamw"]
+    return "adamw:tuned" if "adamw:tuned" in adamws else (adamws[0] if adamws else "adamw")
 
 
 def target_times(runs: Sequence[dict], target_name: str = "adamw") -> dict:
@@ -258,16 +256,16 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
 
     Args:
       output_dir: where the result files go (created if missing).
-      optimizers: the optimizers evaluated: theta file paths, "pretrained:NAME" or baseline names.
+      optimizers: the optimizers evaluated: theta file paths, "pretrained:NAME" or baseline specs.
       theta_path: one more theta file (the older spelling of an optimizer).
       suite: a `tasks.suites` name; its tasks bring their own steps, seeds and eval split.
       tasks: Tasks or TaskFamilies instead of a suite; a repeated name gets its index appended.
       num_steps: training steps per run of `tasks`.
       num_seeds: task draws (and run keys) per task of `tasks`, seeds 0 .. num_seeds - 1.
-      baselines: the baselines each optimizer is compared with: tuned (`tuning.baseline_names()`) or
-        untuned published learned optimizers ("published:NAME", `optimizer_specs.untuned_baseline_names()`).
-      tuning: how the baselines are tuned: their starting grids, SGD's momentum, AdamW's weight decay and
-        the most grid extensions (`BaselineTuning`).
+      baselines: the baselines each optimizer is compared with: tuned baseline specs ("adam",
+        "adamw:cosine", "muon:tuned": `optimizer_specs.parse_baseline`) or untuned published learned
+        optimizers ("published:NAME", `optimizer_specs.untuned_baseline_names()`).
+      tuning: how the baselines are tuned (`BaselineTuning`: grids, decays, schedules, the two-stage rule).
       eval_split: the data split of the test loss of `tasks` (a suite task has its own).
       valid_split: the validation split every task is tuned on (never the eval split).
       valid_points: validation measurements per run, evenly spaced, the last at the end
@@ -303,6 +301,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     momentum, weight_decay, max_extensions = tuning.momentum, tuning.weight_decay, tuning.max_extensions
     plan = check_arguments(output_dir, specs, suite, tasks, num_steps, num_seeds, baselines, grids, momentum,
                            eval_split, max_extensions, valid_split=valid_split)
+    tuning.check()
+    target = target_baseline(baselines)
     valid_points = check_count(valid_points, "evaluate: valid_points")
     if not 0.0 <= collapse_margin < 1.0:
         raise ValueError(f"evaluate: collapse_margin must be in [0, 1), got {collapse_margin!r}")
@@ -314,6 +314,7 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     store = TaskStore(output_dir, {"optimizers": [[o["label"], spec_identity(o["spec"])] for o in opts],
                                    "baselines": list(baselines), "grids": {b: list(map(float, g)) for b, g in grids.items()},
                                    "momentum": momentum, "weight_decay": weight_decay, "max_extensions": max_extensions,
+                                   "tuning": tuning.describe(), "stage1_seeds": tuning.stage1_seeds,
                                    "valid_split": valid_split, "valid_points": valid_points, "time_steps": time_steps},
                       overwrite=overwrite)
     earlier = None if baselines_from is None else TaskStore(baselines_from, store.settings)
@@ -327,18 +328,19 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
         if kept is None:
             reused = None
             if earlier is not None:
-                reused, why = earlier.baseline_runs(name, task_settings, [b for b in baselines if b in grids])
+                reused, why = earlier.baseline_runs(name, task_settings, [b for b in baselines if is_tuned_baseline(b)])
                 got = f"{', '.join(reused)} from {baselines_from}" if reused else f"nothing from {baselines_from}"
                 log(f"{name}: tuned baselines: {got}" + (f"; the others tuned here ({why})" if why else ""))
             runs, seconds = run_task(family, steps, seeds, opts, baselines, grids, split, momentum=momentum,
                                      weight_decay=weight_decay, max_extensions=max_extensions, valid_split=valid_split,
-                                     valid_points=valid_points, time_steps=time_steps, tuned_runs=reused)
+                                     valid_points=valid_points, time_steps=time_steps, tuned_runs=reused,
+                                     tuning=tuning)
             store.save(name, task_settings, {"runs": runs, "seconds": seconds})
         else:
             runs, seconds = kept["runs"], kept["seconds"]
         results[name], trivial[name] = runs, trivial_losses(family, seeds)
         info[name] = {"num_steps": steps, "seeds": list(seeds), "eval_split": split, "valid_split": valid_split,
-                      "seconds": seconds, "trivial_loss": trivial[name], "time_to_target": target_times(runs)}
+                      "seconds": seconds, "trivial_loss": trivial[name], "time_to_target": target_times(runs, target)}
         took = f"{steps} steps x {len(seeds)} seeds in {sum(seconds.values()):.0f} s"
         log(f"{name}: {took}" if kept is None else f"{name}: kept from an earlier run into {output_dir} ({took})")
     comparisons, summary = {}, {}
@@ -354,7 +356,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     train_profile = performance_profile(results, by="train")
     total, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
     meta = {"suite": suite, "optimizers": {o["label"]: o["spec"] for o in opts}, "baselines": list(baselines),
-            "protocol": {"grid": {b: list(grids[b]) for b in baselines if b in grids}, "extend_by": 2,
+            "protocol": {"grid": {b: list(grids[parse_baseline(b)[0]]) for b in baselines if is_tuned_baseline(b)},
+                         **tuning.describe(), "extend_by": 2,
                          "max_extensions": max_extensions, "tuning": f"lowest median over seeds of the final "
                          f"validation loss ({valid_split} split); a diverged seed loses", "valid_split": valid_split,
                          "valid_points": valid_points, "headline": "test loss at the end of training (each task's "
@@ -368,7 +371,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
                          "training step x steps) for each optimizer's validation curve to reach tuned AdamW's "
                          "final validation loss (see outer_trainers.evaluation.scores)",
                          "collapse": f"final train loss >= (1 - {collapse_margin}) x the task's trivial_loss "
-                         f"(else: not below the initial loss)", "weight_decay": weight_decay, "momentum": momentum},
+                         f"(else: not below the initial loss)", "weight_decay": weight_decay, "momentum": momentum,
+                         "time_to_target_baseline": target},
             "performance_profile": {"on": "test loss", "tasks": profile["tasks"], "ratios": profile["ratios"]},
             "performance_profile_train": {"tasks": train_profile["tasks"], "ratios": train_profile["ratios"]},
             "seconds": total, "cpu_seconds": cpu}

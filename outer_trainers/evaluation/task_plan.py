@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple, Optional, Sequence
 
-from outer_trainers.evaluation.optimizer_specs import untuned_baseline_names
+from outer_trainers.evaluation.baselines.specs import SCHEDULE_CHOICES, parse_baseline
+from outer_trainers.evaluation.optimizer_specs import PUBLISHED, untuned_baseline_names
 from outer_trainers.evaluation.tuning import baseline_names, check_learning_rates
 from tasks import suites
 from tasks.base import Task, TaskFamily, check_count, single_task_family
@@ -52,7 +53,7 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
       tasks: Tasks or TaskFamilies (at least one without a suite; none with one).
       num_steps: training steps per run of `tasks` (>= 1).
       num_seeds: task draws per task of `tasks` (>= 1).
-      baselines: baseline names (each known: tuned, or an untuned "published:NAME").
+      baselines: baseline specs (each known: a tuned NAME[:SCHEDULE], or an untuned "published:NAME").
       grids: {baseline: its learning-rate grid} (each used one non-empty, finite, > 0).
       momentum: SGD's momentum, in [0, 1).
       eval_split: a split of every task's data.
@@ -70,10 +71,18 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
     check_count(num_steps, "evaluate: num_steps (--num_steps)")
     check_count(num_seeds, "evaluate: num_seeds (--num_seeds)")
     untuned = untuned_baseline_names()
-    unknown = [b for b in baselines if b not in baseline_names() and b not in untuned]
-    if unknown:
-        raise ValueError(f"evaluate: unknown baselines {unknown} (--baselines); choose from {baseline_names()} "
-                         f"(tuned) or {untuned} (untuned)")
+    bad = {}
+    for b in baselines:
+        if b in untuned:
+            continue
+        try:
+            parse_baseline(b)
+        except ValueError as e:
+            bad[b] = f"no published optimizer {b!r}" if str(b).startswith(PUBLISHED) else str(e)
+    if bad:
+        raise ValueError(f"evaluate: unknown baselines {list(bad)} (--baselines): {'; '.join(bad.values())}; "
+                         f"tuned baselines are NAME or NAME:SCHEDULE (NAME of {baseline_names()}, SCHEDULE of "
+                         f"{list(SCHEDULE_CHOICES)}), untuned ones {untuned}")
     for name, grid in grids.items():
         check_learning_rates(grid, f"evaluate: {name}_lrs")
     if not 0.0 <= momentum < 1.0:

@@ -30,6 +30,18 @@ The baselines, each with one tuned learning rate lr and everything else fixed:
             weight decay) at the same lr for everything else
     sgdm    optax.sgd(lr, momentum=0.9)
 
+`baselines.schedules.scheduled_baseline` builds the same optimizers with their rate on a schedule over the task's step
+budget (constant, warm-up + cosine to 0, warm-up + linear decay to 0) and, for AdamW
+and Muon, their weight decay wd as a tuned value: optax.adamw(sched, weight_decay=wd) decays every
+parameter, optax.contrib.muon(sched, weight_decay=wd) the parameters on its Muon path (matrices and
+kernels; its Adam path keeps no decay, as above). optax multiplies the decay by the scheduled rate,
+so a step shrinks a weight by the fraction sched(t) wd. `default_weight_decays` is the grid they are
+tuned over: 0 and the decades 1e-3 .. 1 (`DEFAULT_WEIGHT_DECAYS`); 1e-4 is left out because lr wd T
+stays below 0.02 for every rate <= 0.1 and budget <= 2000 steps of the suites, indistinguishable from
+0, while the short runs of the CPU suites can use decays up to lr wd ~ 1e-3 per step. Adam and SGD
+with momentum take no decay (their grid is (0,)). `grid_search.tune_baseline` tunes rate x decay x
+schedule.
+
 Muon's routing (`muon_dimension_numbers`): a parameter of rank >= 2 is a weight of y = x W whose
 last axis is the output, as haiku and flax lay out dense ([in, out]) and convolution ([k..., in,
 out]) kernels, so it takes the Muon path with the last axis as the output axis and every other
@@ -59,6 +71,8 @@ from tasks.base import TaskFamily
 
 _GRIDS = {"adam": (1e-4, 1e-1), "adamw": (1e-4, 1e-1), "muon": (1e-3, 1.0), "sgdm": (1e-3, 1.0)}
 ADAMW_WEIGHT_DECAY = 1e-2
+DEFAULT_WEIGHT_DECAYS = (0.0, 1e-3, 1e-2, 1e-1, 1.0)
+DECAYED = ("adamw", "muon")
 
 
 def baseline_names() -> list[str]:
@@ -117,6 +131,20 @@ def baseline(name: str, *, momentum: float = 0.9, weight_decay: float = ADAMW_WE
     if name == "sgdm":
         return lambda lr: optax.sgd(lr, momentum=momentum)
     raise ValueError(f"unknown baseline {name!r}; the baselines are {baseline_names()}")
+
+
+def default_weight_decays(name: str) -> tuple[float, ...]:
+    """A baseline's starting weight-decay grid: `DEFAULT_WEIGHT_DECAYS` for AdamW and Muon, (0,) for the others.
+
+    Args:
+      name: a baseline name.
+
+    Returns:
+      the decays, ascending.
+    """
+    if name not in _GRIDS:
+        raise ValueError(f"unknown baseline {name!r}; the baselines are {baseline_names()}")
+    return DEFAULT_WEIGHT_DECAYS if name in DECAYED else (0.0,)
 
 
 def default_lrs(name: str, num: int = 7) -> tuple[float, ...]:
@@ -230,13 +258,17 @@ def grid_edge(runs: Sequence[dict], name: str, by: str = "valid") -> Optional[st
 
     Returns:
       "low" or "high" when the best rate is the smallest or largest tried (every rate diverged
-      counts as "low": smaller rates are where to look), else None (also for a single rate).
+      counts as "low": smaller rates are where to look), else None (also for a single rate); for
+      runs of `grid_search.tune_baseline`, the best run's own "grid_edge" (its edges on the rate and
+      decay axes of the whole grid: "low", "high", "decay high", ... joined by ", ").
     """
     own = [r for r in runs if r["optimizer"] == name]
     lrs = sorted(r["learning_rate"] for r in own)
     best = best_runs(own, by)[name]
     if best.get("diverged"):
         return "low"
+    if "grid_edge" in best:  # tuned by grid_search.tune_baseline: the edge of its whole grid
+        return best["grid_edge"]
     if len(lrs) < 2:
         return None
     return "low" if best["learning_rate"] == lrs[0] else "high" if best["learning_rate"] == lrs[-1] else None

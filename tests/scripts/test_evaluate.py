@@ -39,6 +39,7 @@ def test_tiny_task_list_writes_every_file_with_tuned_baselines(evaluate_script, 
     out = tmp_path / "eval"
     res = evaluate_script.main(["--theta", theta_path, "--task", "QuadraticFamily(dim=4)", "--task", "RosenbrockTask",
                                 "--num_steps", "10", "--num_seeds", "2", "--baselines", "adam,sgdm",
+                                "--gin_param", "BaselineTuning.top_k = None",  # the full grid: every seed, every rate
                                 "--output_dir", str(out)])
     assert set(res["results"]) == {"quadratic_dim4", "rosenbrock"}
     doc = _strict_json(out / "results.json")
@@ -140,30 +141,57 @@ def test_muon_is_a_baseline_and_plots_can_be_left_out(evaluate_script, tmp_path)
     out = tmp_path / "m"
     task = "ImageMLPFamily(hidden_sizes=(8,), batch_size=16)"
     res = evaluate_script.main(["--theta", _theta(tmp_path), "--task", task,
-                                "--num_steps", "12", "--num_seeds", "3", "--baselines", "muon", "--no_plots",
+                                "--num_steps", "12", "--num_seeds", "3", "--baselines", "muon:cosine", "--no_plots",
                                 "--gin_param", "BaselineTuning.max_extensions = 0",
                                 "--gin_param", "evaluate.n_resamples = 300", "--gin_param", "evaluate.time_steps = False",
                                 "--output_dir", str(out)])
     assert sorted(f.name for f in out.iterdir()) == ["curves.npz", "finished_tasks", "results.csv", "results.json", "results.md"]
     doc = _strict_json(out / "results.json")
     task = doc["tasks"]["image_mlp_family_digits_8"]
-    muon = task["optimizers"]["muon"]
-    assert len(muon["learning_rates"]) == 7 and muon["best_learning_rate"] in muon["learning_rates"]
-    assert doc["protocol"]["grid"] == {"muon": list(evaluation.default_lrs("muon"))}
-    c = task["comparisons"]["learned vs muon"]
+    muon = task["optimizers"]["muon:cosine"]
+    # the two-stage rule: one seed over 7 rates x 5 decays, then every seed at the 3 best points
+    assert len(muon["settings"]) == 3 and muon["best_learning_rate"] in muon["learning_rates"]
+    assert set(muon["learning_rates"]) <= set(evaluation.default_lrs("muon"))
+    assert muon["best_schedule"] == "cosine" and muon["best_weight_decay"] in evaluation.DEFAULT_WEIGHT_DECAYS
+    assert doc["protocol"]["grid"] == {"muon:cosine": list(evaluation.default_lrs("muon"))}
+    assert doc["protocol"]["weight_decays"]["muon"] == list(evaluation.DEFAULT_WEIGHT_DECAYS)
+    assert "two_stage" in doc["protocol"] and doc["protocol"]["warmup_fraction"] == 0.05
+    c = task["comparisons"]["learned vs muon:cosine"]
     assert c["ratio_train"] == pytest.approx(c["final_train"] / c["baseline_final_train"])
     assert c["velodrome_steps"] is None or c["velodrome_ratio"] == pytest.approx(c["velodrome_steps"] / 12)
-    s = res["summary"]["learned vs muon"]
+    s = res["summary"]["learned vs muon:cosine"]
     assert s["intervals"]["ratio_train"]["iqm"] == pytest.approx(c["ratio_train"])  # one task: its ratio
     assert s["intervals"]["ratio_train"]["ci_low"] <= s["intervals"]["ratio_train"]["ci_high"]
-    assert "| learned vs muon | 1 |" in (out / "results.md").read_text()
-    assert "![performance profile]" not in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "| learned vs muon:cosine | 1 |" in md and " cosine |" in md  # the table names rate, decay, schedule
+    assert "![performance profile]" not in md
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert {r["schedule"] for r in rows if r["optimizer"] == "muon:cosine"} == {"cosine"}
 
 
-def test_the_default_baselines_are_adam_adamw_muon_and_sgdm():
+def test_scheduled_adamw_with_its_schedule_tuned_is_a_baseline_and_the_time_to_target(evaluate_script, tmp_path):
+    out = tmp_path / "w"
+    res = evaluate_script.main(["--optimizer", "adam:linear", "--task", "QuadraticFamily(dim=4)", "--num_steps", "10",
+                                "--num_seeds", "2", "--baselines", "adamw:tuned", "--no_plots",
+                                "--gin_param", "BaselineTuning.max_extensions = 0",
+                                "--gin_param", "BaselineTuning.adamw_weight_decays = [0.0, 0.1]",
+                                "--gin_param", "evaluate.n_resamples = 100", "--output_dir", str(out)])
+    doc = _strict_json(out / "results.json")
+    quad = doc["tasks"]["quadratic_dim4"]
+    adamw, adam = quad["optimizers"]["adamw:tuned"], quad["optimizers"]["adam:linear"]
+    assert adamw["best_schedule"] in ("constant", "cosine") and adamw["best_weight_decay"] in (0.0, 0.1)
+    assert {s[2] for s in adam["settings"]} == {"linear"} and {s[1] for s in adam["settings"]} == {0.0}
+    assert quad["time_to_target"]["target"] == pytest.approx(np.median(adamw["valid"]))  # adamw:tuned's loss
+    assert doc["protocol"]["time_to_target_baseline"] == "adamw:tuned"
+    assert list(res["summary"]) == ["adam:linear vs adamw:tuned"]
+
+
+def test_the_default_baselines_are_scheduled_adamw_muon_and_sgdm_and_constant_adam():
     import inspect
-    assert inspect.signature(evaluation.evaluate).parameters["baselines"].default == ("adam", "adamw", "muon", "sgdm")
-    assert evaluation.DEFAULT_BASELINES == ("adam", "adamw", "muon", "sgdm")
+    default = ("adam", "adamw:tuned", "muon:tuned", "sgdm:tuned")
+    assert inspect.signature(evaluation.evaluate).parameters["baselines"].default == default
+    assert evaluation.DEFAULT_BASELINES == default
+    assert evaluation.BaselineTuning().tuned_schedules == ("constant", "cosine")
 
 
 def test_a_task_declaring_its_trivial_loss_flags_a_collapsed_run(evaluate_script, tmp_path):
@@ -250,6 +278,11 @@ def test_bad_task_spec_is_reported(evaluate_script):
     (["--gin_param", "BaselineTuning.momentum = 1.0"], r"momentum must be in \[0, 1\)"),
     (["--gin_param", "evaluate.eval_split = 'valid'"], "eval_split 'valid' is not a split of"),
     (["--baselines", "adam,rmsprop"], r"unknown baselines \['rmsprop'\] \(--baselines\)"),
+    (["--baselines", "adamw:cosin"], r"unknown schedule 'cosin' .*'constant', 'cosine', 'linear', 'tuned'"),
+    (["--optimizer", "sgdm:warmup"], r"--optimizer unknown schedule 'warmup' .*'constant', 'cosine', 'linear'"),
+    (["--gin_param", "BaselineTuning.top_k = 0"], r"top_k must be an integer >= 1 or None"),
+    (["--gin_param", "BaselineTuning.adamw_weight_decays = [-1.0]"], r"weight_decays must hold .* >= 0"),
+    (["--gin_param", "BaselineTuning.tuned_schedules = ['step']"], r"unknown schedule 'step'.*'cosine'"),
     (["--suite", "smoke"], r"give a suite \(--suite smoke\) or tasks \(--task\), not both"),
     (["--optimizer", "/no/such/theta.msgpack"], "is neither a baseline .* nor an existing theta or checkpoint file"),
     (["--optimizer", "TMP/garbage.msgpack"], "neither a theta file .* nor an outer_train checkpoint"),

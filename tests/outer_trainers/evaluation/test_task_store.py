@@ -104,9 +104,9 @@ def test_baselines_from_reuses_an_earlier_evaluations_tuned_baselines(tmp_path, 
     lopt.save_theta(second, lo, lo.init(jax.random.key(1)))
     earlier = _evaluate(tmp_path / "a", first)
     tuned = []
-    real = suite_runs.tune_learning_rate
-    monkeypatch.setattr(suite_runs, "tune_learning_rate", lambda family, label, *a, **k: tuned.append(label) or
-                        real(family, label, *a, **k))
+    real = suite_runs.tune_spec
+    monkeypatch.setattr(suite_runs, "tune_spec", lambda family, spec, *a, **k: tuned.append(spec) or
+                        real(family, spec, *a, **k))
     said = []
     res = _evaluate(tmp_path / "b", second, baselines_from=str(tmp_path / "a"), log=said.append)
     assert tuned == [] and sum("tuned baselines: adam from" in line for line in said) == 2
