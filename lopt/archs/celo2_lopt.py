@@ -92,7 +92,7 @@ from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_sca
 from lopt.parts.nn import later_layers, residual_mlp_init
 from lopt.parts.spec import ArchSpec, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
-from lopt.rules import depth, horizon, overshoot_brake, radial, schedule, weight_decay as wd_rule
+from lopt.rules import conv_step, depth, horizon, overshoot_brake, radial, schedule, weight_decay as wd_rule
 
 DECAYS = (0.5, 0.95, 0.99)
 # elements per block of the per-parameter MLP with the CPU layout: a block's features and hidden units stay in cache
@@ -218,9 +218,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         horizon.check_horizon_options(self.horizon_reference, horizon_power=self.horizon_power,
                                       residual_horizon_power=self.residual_horizon_power)
         depth.check_depth_options(self.depth_reference, self.depth_power)
-        if not self.conv_step_scale > 0:
-            raise ValueError(f"conv_step_scale must be > 0 (1: conv kernels step as dense layers), got "
-                             f"{self.conv_step_scale!r}")
+        conv_step.check_conv_step_scale(self.conv_step_scale)
         schedule.check_schedule(self.schedule)
         wd_rule.check_weight_decay_options(self.wd_rate, self.wd_learned, self.wd_log_range, self.wd_roles)
         wd_rule.check_loss_options(self.wd_rate, self.wd_loss_power, self.wd_loss_max, self.wd_loss_free,
@@ -249,7 +247,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
 
     def model_scale(self, roles) -> float:
         """The factor both step sizes multiply for a whole model: `conv_step_scale` when one of its
-        parameters is a conv kernel, else 1.
+        parameters is a conv kernel, else 1 (`lopt.rules.conv_step.model_scale`).
 
         Args:
           roles: every parameter's `lopt.param_roles.ParamRole` (static).
@@ -257,7 +255,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         Returns:
           a Python float.
         """
-        return self.conv_step_scale if any(r.is_conv for r in roles) else 1.0
+        return conv_step.model_scale(roles, self.conv_step_scale)
 
     def spec(self) -> ArchSpec:
         """Its features, constants and state layout (`lopt.parts.spec`; read by `lopt.torch` too).

@@ -1,11 +1,28 @@
-"""Rules applied on top of a learned update, each a small named part an architecture composes.
+"""Deploy rules: each one named part that wraps any optax transform with its constants given.
 
-- `schedule`: the prior schedule σ(t, N) a learned step size multiplies (constant, warm-up + cosine).
-- `horizon`: min(1, N_ref/N)^α, for horizons longer than the meta-trained ones.
-- `depth`: min(1, D_ref/D)^γ on the matrix step size, D the number of orthogonalized tensors.
-- `overshoot_brake`: a transform wrapper that shrinks steps while gradients point back along the last one.
-- `weight_decay`: decoupled weight decay η(p)·λ·p on weight matrices, λ fixed or a learned meta-parameter.
+    tx = lopt.rules.loss_aware_decay(optax.adam(1e-3), 1e-3, 0.03, loss_free=3.0)   # one rule on Adam
+    tx = lopt.rules.horizon_scaled(lopt.rules.scheduled(optax.adamw(1e-3), N), N, reference=2000)
 
-Most are deployment rules: a shipped optimizer's `deploy_options` (`lopt.pretrained`) set them. The
-weight-decay rule's learned λ is meta-trained with the rest of theta.
+- `schedule`: the prior schedule σ(t, N), warm-up + cosine over the horizon; `scheduled` wraps a transform.
+- `horizon`: min(1, N_ref/N)^α, for horizons longer than the meta-trained ones; `horizon_scaled`.
+- `depth`: min(1, D_ref/D)^γ on the matrix steps, D the number of weight matrices; `depth_scaled`.
+- `conv_step`: every step of a model with a conv kernel times c; `conv_step_scaled`.
+- `weight_decay`: decoupled weight decay η·λ·p on weight matrices, λ fixed, learned, or growing as
+  the training loss falls; `loss_aware_decay`.
+- `radial`: the growth limit, no step may grow a weight matrix past g × LeCun's scale; `growth_limited`.
+- `overshoot_brake`: shrinks steps while gradients point back along the last one; `overshoot_brake.overshoot_brake`.
+- `scaled`: the wrapper the step-size rules share (`scale_updates`).
+
+A shipped optimizer's `deploy_options` (`lopt.pretrained`) set the same rules inside its
+architecture, where some act on a quantity inside the learned update (the learned step size η of
+each tensor, the learned residual of its direction); the weight-decay rule's λ can be meta-trained
+with the rest of theta.
 """
+from lopt.rules.conv_step import conv_step_scaled
+from lopt.rules.depth import depth_scaled
+from lopt.rules.horizon import horizon_scaled
+from lopt.rules.radial import growth_limited
+from lopt.rules.schedule import scheduled
+from lopt.rules.weight_decay import loss_aware_decay
+
+__all__ = ["scheduled", "horizon_scaled", "depth_scaled", "conv_step_scaled", "loss_aware_decay", "growth_limited"]

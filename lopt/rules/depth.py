@@ -10,7 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax
+import jax.numpy as jnp
+import optax
+
 from lopt.parts.newton_schulz import is_orthogonalized
+from lopt.rules.scaled import leaf_roles, scale_updates
 
 
 def matrix_depth(shapes: Sequence[Any], roles: Sequence[Any]) -> int:
@@ -53,3 +58,32 @@ def check_depth_options(reference: Any, power: float) -> None:
     """
     if not (isinstance(reference, int) and reference >= 0 and power >= 0):
         raise ValueError(f"depth_reference must be an int >= 0 and depth_power >= 0, got {reference!r}, {power!r}")
+
+
+def depth_scaled(inner: optax.GradientTransformation, reference: int, power: float = 1.0, *,
+                 weight_dimension_numbers: Any = None) -> optax.GradientTransformationExtraArgs:
+    """`inner` with the steps of its weight matrices times min(1, D_ref/D)^γ: depth scaling as a rule.
+
+    D is the number of parameters that `is_orthogonalized` counts as weight matrices
+    (`matrix_depth`); only those steps are scaled, biases, norms and embeddings keep theirs.
+    Example: `lopt.rules.depth_scaled(optax.adamw(1e-3), reference=3)` halves the matrix steps of a
+    six-layer MLP.
+
+    Args:
+      inner: any optax transform; the wrapper's update needs `params` (roles and shapes are read from them).
+      reference: D_ref, an int ≥ 0 (0: off).
+      power: γ ≥ 0.
+      weight_dimension_numbers: roles where inference should not decide (`lopt.param_roles.infer`).
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` (state: `lopt.rules.scaled.ScaledState`).
+    """
+    check_depth_options(reference, power)
+
+    def factor(count, params):
+        roles = leaf_roles(params, weight_dimension_numbers, "depth_scaled")
+        shapes = [tuple(jnp.shape(p)) for p in jax.tree_util.tree_leaves(params)]
+        d = depth_scale(matrix_depth(shapes, roles), reference, power)
+        return [d if is_orthogonalized(r, s) else 1.0 for s, r in zip(shapes, roles)]
+
+    return scale_updates(inner, factor)

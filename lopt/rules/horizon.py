@@ -8,6 +8,9 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import optax
+
+from lopt.rules.scaled import scale_updates
 
 
 def check_horizon_options(reference: Any, **powers: float) -> None:
@@ -46,3 +49,23 @@ def horizon_scale(num_steps: Optional[Any], reference: int, power: float) -> jax
         return jnp.ones((), jnp.float32)
     n = jnp.maximum(jnp.asarray(num_steps, jnp.float32), 1.0)
     return jnp.minimum(1.0, reference / n) ** power
+
+
+def horizon_scaled(inner: optax.GradientTransformation, num_steps: Any, reference: int,
+                   power: float = 1.0) -> optax.GradientTransformationExtraArgs:
+    """`inner` with its updates times min(1, N_ref/N)^α (`horizon_scale`): horizon scaling as a rule.
+
+    Example: `lopt.rules.horizon_scaled(optax.adamw(1e-3), num_steps=8000, reference=2000)` steps
+    at a quarter of AdamW's (a run 4× longer than the reference).
+
+    Args:
+      inner: any optax transform.
+      num_steps: the horizon N (an int, or a scalar array that may be traced; None: factor 1).
+      reference: N_ref, an int ≥ 0 (0: off).
+      power: α ≥ 0.
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` (state: `lopt.rules.scaled.ScaledState`).
+    """
+    check_horizon_options(reference, horizon_power=power)
+    return scale_updates(inner, lambda count, params: horizon_scale(num_steps, reference, power))

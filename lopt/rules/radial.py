@@ -18,8 +18,15 @@ an MLP autoencoder, where the matrices reached about 10× LeCun's scale: docs/pr
 """
 from __future__ import annotations
 
+from typing import Any
+
+import flax.struct
 import jax
 import jax.numpy as jnp
+import optax
+
+from lopt.parts.newton_schulz import is_orthogonalized
+from lopt.rules.scaled import leaf_roles
 
 EPS = 1e-30
 
@@ -42,3 +49,54 @@ def remove_growth(r: jax.Array, p: jax.Array, free: float = 0.0, fan_in: int = 1
     if free > 0:
         coef = jnp.where(sq / p.size * fan_in > free * free, coef, 0.0)
     return r - coef * p
+
+
+@flax.struct.dataclass
+class GrowthLimitState:
+    """The growth limit's state: the wrapped optimizer's (the rule keeps none of its own).
+
+    Attributes:
+      inner: the wrapped optimizer's state.
+    """
+    inner: Any
+
+
+def growth_limited(inner: optax.GradientTransformation, free: float = 4.0, *,
+                   weight_dimension_numbers: Any = None) -> optax.GradientTransformationExtraArgs:
+    """`inner` whose steps may not grow a weight matrix's norm past `free` × LeCun's scale (module docstring).
+
+    On every weight matrix p (`lopt.parts.newton_schulz.is_orthogonalized`) with rms(p) · √fan_in > g,
+    the step Δp loses its component along p that grows ‖p‖:
+
+        Δp ← Δp − max(0, ⟨Δp, p⟩) / ⟨p, p⟩ · p
+
+    (`remove_growth` with r = −Δp). Wrapped around a whole update this limits the gradient-driven part
+    too; a learned optimizer applies it to its learned residual alone (Celo2LOpt's
+    `residual_no_growth`, `celo2_v7` to `celo2_v9`). Example: `lopt.rules.growth_limited(optax.adamw(1e-3), 4.0)`.
+
+    Args:
+      inner: any optax transform; the wrapper's update needs `params`.
+      free: g ≥ 0 (0: on every nonzero matrix).
+      weight_dimension_numbers: roles where inference should not decide (`lopt.param_roles.infer`).
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` whose state is a `GrowthLimitState`.
+    """
+    if not free >= 0:
+        raise ValueError(f"growth_limited needs free >= 0, got {free!r}")
+    inner = optax.with_extra_args_support(inner)
+
+    def update_fn(updates, state, params=None, **extra_args):
+        steps, inner_state = inner.update(updates, state.inner, params, **extra_args)
+        roles = leaf_roles(params, weight_dimension_numbers, "growth_limited")
+        leaves, treedef = jax.tree_util.tree_flatten(steps)
+        out = []
+        for s, p, r in zip(leaves, treedef.flatten_up_to(params), roles):
+            shape = tuple(jnp.shape(p))
+            if is_orthogonalized(r, shape):
+                s32 = jnp.asarray(s, jnp.float32)
+                s = (-remove_growth(-s32, jnp.asarray(p, jnp.float32), free, r.fan_in(shape))).astype(jnp.result_type(s))
+            out.append(s)
+        return treedef.unflatten(out), GrowthLimitState(inner=inner_state)
+
+    return optax.GradientTransformationExtraArgs(lambda params: GrowthLimitState(inner=inner.init(params)), update_fn)

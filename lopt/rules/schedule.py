@@ -12,6 +12,9 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import optax
+
+from lopt.rules.scaled import scale_updates
 
 SCHEDULES = ("constant", "cosine")
 WARMUP_FRACTION = 0.05
@@ -49,3 +52,22 @@ def prior_schedule(name: str, iteration: jax.Array, num_steps: Optional[Any]) ->
     t = jnp.asarray(iteration, jnp.float32)
     warm = jnp.minimum((t + 1.0) / jnp.maximum(1.0, jnp.ceil(WARMUP_FRACTION * n)), 1.0)
     return warm * 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.minimum(t / n, 1.0)))
+
+
+def scheduled(inner: optax.GradientTransformation, num_steps: Any,
+              name: str = "cosine") -> optax.GradientTransformationExtraArgs:
+    """`inner` with its updates times σ(t, N) (module docstring): the schedule over the horizon as a rule.
+
+    Example: `lopt.rules.scheduled(optax.adamw(1e-3), num_steps=1000)` is AdamW with a 5% linear
+    warm-up and a cosine decay to 0 at step 1000.
+
+    Args:
+      inner: any optax transform.
+      num_steps: the horizon N (an int, or a scalar array that may be traced; None: σ = 1).
+      name: "constant" or "cosine" (`SCHEDULES`).
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` (state: `lopt.rules.scaled.ScaledState`).
+    """
+    check_schedule(name)
+    return scale_updates(inner, lambda count, params: prior_schedule(name, count, num_steps))

@@ -40,14 +40,19 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+import flax.struct
 import jax
 import jax.numpy as jnp
+import optax
 
 from lopt.param_roles import KINDS
+from lopt.parts import features as ft
 from lopt.parts.spec import STEP, StateField
+from lopt.rules.scaled import leaf_roles
 
 __all__ = ["THETA_KEY", "DEFAULT_ROLES", "check_weight_decay_options", "check_loss_options", "theta_init", "decay_rate",
-           "is_decayed", "loss_free_of", "loss_start_field", "track_loss_start", "loss_factor"]
+           "is_decayed", "loss_free_of", "loss_start_field", "track_loss_start", "loss_factor", "LossAwareDecayState",
+           "loss_aware_decay"]
 
 THETA_KEY = "weight_decay"
 DEFAULT_ROLES = ("matrix",)
@@ -179,3 +184,81 @@ def loss_factor(loss_start: jax.Array, loss_ema: jax.Array, power: float, max_fa
     valid = (loss_start > 0) & (loss_ema > 0)
     ratio = jnp.where(valid, loss_start / jnp.where(valid, loss_ema, 1.0), 1.0)
     return jnp.clip((ratio / free) ** power, 1.0, max_factor)
+
+
+@flax.struct.dataclass
+class LossAwareDecayState:
+    """`loss_aware_decay`'s state around the wrapped optimizer's.
+
+    Attributes:
+      inner: the wrapped optimizer's state.
+      count: int32 []: the updates made so far (t, the argument of a learning-rate schedule).
+      loss_state: float32 [2]: [ℓ̄, seen], `lopt.parts.features.loss_features`' state.
+      loss_start: float32 []: ℓ_0, the first loss given (0 before it).
+    """
+    inner: Any
+    count: jax.Array
+    loss_state: jax.Array
+    loss_start: jax.Array
+
+
+def loss_aware_decay(inner: optax.GradientTransformation, learning_rate: Any, rate: float, *,
+                     loss_power: float = 1.0, loss_max: float = 10.0, loss_free: float = 1.0,
+                     conv_loss_free: float = 0.0, roles: Sequence[str] = DEFAULT_ROLES,
+                     weight_dimension_numbers: Any = None) -> optax.GradientTransformationExtraArgs:
+    """`inner` plus decoupled weight decay whose rate grows as the training loss falls (module docstring).
+
+        Δp = u_t − η_t · λ₀ · φ_t · p          for every p whose role's kind is in `roles`
+        φ_t = clip((ℓ_0 / (ρ_free · ℓ̄_t))^p, 1, φ_max)       (1 with loss_power 0, or before a loss is given)
+
+    u_t is `inner`'s update, η_t `learning_rate` (AdamW's: the decay is AdamW's, λ₀ p times the
+    step size, while the loss stays within ρ_free of its start). Pass the loss:
+    `tx.update(grads, state, params, loss=loss)`. Example, AdamW with the decay `celo2_v9` deploys:
+    `lopt.rules.loss_aware_decay(optax.adam(1e-3), 1e-3, 0.03, loss_free=3.0)`.
+
+    Args:
+      inner: any optax transform (it sees the same extra args); the wrapper's update needs `params`.
+      learning_rate: η, a float or an optax schedule of the update count t.
+      rate: λ₀ > 0.
+      loss_power: p ≥ 0 (0: a fixed rate λ₀).
+      loss_max: φ_max ≥ 1.
+      loss_free: ρ_free > 0.
+      conv_loss_free: conv kernels' ρ_free (0: `loss_free`).
+      roles: the role kinds that decay (`lopt.param_roles.KINDS`; default weight matrices only).
+      weight_dimension_numbers: roles where inference should not decide (`lopt.param_roles.infer`).
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` whose state is a `LossAwareDecayState`.
+    """
+    check_weight_decay_options(rate, False, 1.0, tuple(roles))
+    check_loss_options(rate, loss_power, loss_max, loss_free, conv_loss_free)
+    if rate == 0:
+        raise ValueError("loss_aware_decay needs rate > 0 (without a decay, use the optimizer itself)")
+    inner = optax.with_extra_args_support(inner)
+
+    def init_fn(params):
+        zero = jnp.zeros((), jnp.float32)
+        return LossAwareDecayState(inner=inner.init(params), count=jnp.zeros((), jnp.int32),
+                                   loss_state=ft.init_loss_state(), loss_start=zero)
+
+    def update_fn(updates, state, params=None, **extra_args):
+        steps, inner_state = inner.update(updates, state.inner, params, **extra_args)
+        loss = extra_args.get("loss")
+        _, loss_state = ft.loss_features(loss, state.loss_state)
+        start = track_loss_start(state.loss_start, state.loss_state, loss)
+        eta = learning_rate(state.count) if callable(learning_rate) else learning_rate
+        leaves, treedef = jax.tree_util.tree_flatten(steps)
+        out = []
+        for s, p, role in zip(leaves, treedef.flatten_up_to(params), leaf_roles(params, weight_dimension_numbers,
+                                                                                 "loss_aware_decay")):
+            if is_decayed(role, roles):
+                lam = jnp.asarray(rate, jnp.float32)
+                if loss_power > 0:
+                    lam = lam * loss_factor(start, loss_state[0], loss_power, loss_max,
+                                            loss_free_of(role, loss_free, conv_loss_free))
+                s = (jnp.asarray(s, jnp.float32) - eta * lam * jnp.asarray(p, jnp.float32)).astype(jnp.result_type(s))
+            out.append(s)
+        return treedef.unflatten(out), LossAwareDecayState(inner=inner_state, count=state.count + 1,
+                                                           loss_state=loss_state, loss_start=start)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,81 @@
+"""The wrapper the step-size rules share: any optax transform's updates times a factor.
+
+    Δp_t = f(t, params) ⊙ u_t          u_t = inner.update(g_t, ...), t = updates made before this one
+
+f gives one float32 scalar for the whole model or one per leaf. The rules built on it
+(`schedule.scheduled`, `horizon.horizon_scaled`, `depth.depth_scaled`, `conv_step.conv_step_scaled`)
+each choose f; the product is computed in float32 and cast back to each update's dtype.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from lopt import param_roles
+
+__all__ = ["ScaledState", "scale_updates", "leaf_roles"]
+
+
+@flax.struct.dataclass
+class ScaledState:
+    """A scaling rule's state around the wrapped optimizer's.
+
+    Attributes:
+      inner: the wrapped optimizer's state.
+      count: int32 []: the updates made so far (t).
+    """
+    inner: Any
+    count: jax.Array
+
+
+def scale_updates(inner: optax.GradientTransformation,
+                  factor: Callable[[jax.Array, Any], Any]) -> optax.GradientTransformationExtraArgs:
+    """`inner` with its updates multiplied by `factor(t, params)`.
+
+    Args:
+      inner: any optax transform (its update may read params and extra args such as `loss`).
+      factor: (t int32 [], params or None) -> a float32 scalar, or a list with one scalar (or Python
+        float) per leaf of the updates, in `jax.tree_util` order.
+
+    Returns:
+      An `optax.GradientTransformationExtraArgs` whose state is a `ScaledState`.
+    """
+    inner = optax.with_extra_args_support(inner)
+
+    def init_fn(params):
+        return ScaledState(inner=inner.init(params), count=jnp.zeros((), jnp.int32))
+
+    def update_fn(updates, state, params=None, **extra_args):
+        steps, inner_state = inner.update(updates, state.inner, params, **extra_args)
+        leaves, treedef = jax.tree_util.tree_flatten(steps)
+        f = factor(state.count, params)
+        fs = f if isinstance(f, (list, tuple)) else [f] * len(leaves)
+        out = [(jnp.asarray(c, jnp.float32) * jnp.asarray(s, jnp.float32)).astype(jnp.result_type(s))
+               for c, s in zip(fs, leaves)]
+        return treedef.unflatten(out), ScaledState(inner=inner_state, count=state.count + 1)
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def leaf_roles(params: Any, weight_dimension_numbers: Any = None, rule: str = "this rule") -> list:
+    """Every leaf's `lopt.param_roles.ParamRole`, in `jax.tree_util` order (static: paths and shapes only).
+
+    Args:
+      params: the parameters given to `update`.
+      weight_dimension_numbers: roles where inference should not decide (`lopt.param_roles.infer`).
+      rule: the rule's name, for the error.
+
+    Returns:
+      a list of ParamRole, one per leaf.
+
+    Raises:
+      ValueError: `params` is None.
+    """
+    if params is None:
+        raise ValueError(f"{rule} reads the parameters' roles: pass params to update")
+    roles = param_roles.infer(params, weight_dimension_numbers)
+    return jax.tree_util.tree_structure(params).flatten_up_to(roles)
