@@ -7,6 +7,7 @@ from tasks.augment import GradientNoise, NormalizeByInitialLoss, ReducedBatchSiz
 from tasks.base import (Task, TaskFamily, accuracy, classification_normalizer, scaled_normalizer,
                         single_task_family, softmax_cross_entropy)
 from tasks.conv import ConvFamily, ConvTask
+from tasks.conv_bn import ConvBNFamily, ConvBNTask
 from tasks.datasets import DataSource
 from tasks.families import (sample_augmentation, sample_byte_lm, sample_conv, sample_family_for_period,
                             sample_function2d,
@@ -21,7 +22,7 @@ from tasks.regression import LinearRegressionFamily, LinearRegressionTask
 __all__ = [
     "Task", "TaskFamily", "single_task_family", "DataSource", "datasets", "suites",
     "QuadraticTask", "QuadraticFamily", "LinearRegressionTask", "LinearRegressionFamily",
-    "ImageMLPTask", "ImageMLPFamily", "ConvTask", "ConvFamily", "AutoencoderTask", "AutoencoderFamily",
+    "ImageMLPTask", "ImageMLPFamily", "ConvTask", "ConvFamily", "ConvBNTask", "ConvBNFamily", "AutoencoderTask", "AutoencoderFamily",
     "ByteLMTask", "ByteLMFamily", "ByteTransformerTask", "ByteLSTMTask",
     "Function2DTask", "Function2DFamily", "RosenbrockTask",
     "task_from_haiku", "task_from_flax",

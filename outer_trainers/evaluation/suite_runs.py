@@ -58,6 +58,7 @@ from outer_trainers.evaluation.tuning import ADAMW_WEIGHT_DECAY, baseline, best_
 from outer_trainers.evaluation.wall_clock import step_seconds, time_to_target
 from tasks.base import TaskFamily, check_count
 from tasks.conv import ConvFamily
+from tasks.conv_bn import ConvBNFamily
 
 RESULT_FILES = ("results.csv", "curves.png", "results.md", "curves.npz", "results.json", "performance_profile.png")
 # scheduled, tuned AdamW, Muon and SGD with momentum (rate, decay and schedule chosen on validation loss), and
@@ -75,9 +76,9 @@ def runs_in_sequence(family: TaskFamily) -> bool:
       family: the task family.
 
     Returns:
-      True for a `tasks.ConvFamily`.
+      True for a `tasks.ConvFamily` or `tasks.ConvBNFamily`.
     """
-    return isinstance(family, ConvFamily)
+    return isinstance(family, (ConvFamily, ConvBNFamily))
 
 
 def trivial_losses(family: TaskFamily, seeds: Sequence[int]) -> Optional[list]:

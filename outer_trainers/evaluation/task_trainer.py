@@ -25,7 +25,10 @@ A run dict, for S runs (seeds or task draws) of T steps::
     "valid_steps"    [K] 1-based step counts, ascending, the last one T (`valid_schedule`)
     "accuracy"       [S] test accuracy (image classifiers only: `train_eval.is_image_classifier`)
 
-The last four come with a validation split (`run_settings`, `run_fixed` and
+The held-out losses ("evals", "valids", "valid_curve") are measured in inference mode where a task
+has one: a task with an `eval_loss(params, model_state, key, batch)` method (`tasks.ConvBNTask`:
+BatchNorm by its running statistics, no dropout) is scored by it, as a trained model is used; every
+other task by its `loss_with_state`. The last four come with a validation split (`run_settings`, `run_fixed` and
 `tuning.tune_learning_rate` measure one by default: `VALID_SPLIT`). A task without data (a
 quadratic) has one objective: its validation and test losses are that loss at the final
 parameters, measured with their own keys.
@@ -41,7 +44,7 @@ import numpy as np
 import optax
 
 from outer_trainers.training.train_eval import default_metrics
-from outer_trainers.training.train_state import eval_loss, init_train_state, mean_over_batches, train_step
+from outer_trainers.training.train_state import init_train_state, mean_over_batches, train_step
 from tasks.base import TaskFamily, check_count
 
 MakeTx = Callable[[Any], optax.GradientTransformation]
@@ -67,6 +70,21 @@ def valid_schedule(num_steps: int, valid_points: int) -> tuple[int, ...]:
     k = min(check_count(valid_points, "valid_schedule: valid_points"), t)
     c = t // k
     return tuple(t - k * c + c * (i + 1) for i in range(k))
+
+
+def held_out_metrics(task: Any) -> dict:
+    """The metrics of a task's held-out losses: `default_metrics`, its "loss" the task's `eval_loss` when it has one.
+
+    Args:
+      task: the Task.
+
+    Returns:
+      {"loss": metric[, "accuracy": metric]}, each `metric(params, model_state, key, batch) -> scalar`.
+    """
+    metrics = dict(default_metrics(task))
+    if callable(getattr(task, "eval_loss", None)):
+        metrics["loss"] = task.eval_loss
+    return metrics
 
 
 def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, eval_split: str = "test",
@@ -121,12 +139,15 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
         keys = jax.random.split(k_train, num_steps)
         if schedule is None:
             state, losses = train_plain(task, tx, state, data, keys)
-            final = eval_loss(task, state.params, state.model_state, data, k_eval, eval_split, eval_batches)
+            final = mean_over_batches({"loss": held_out_metrics(task)["loss"]}, state.params, state.model_state, data,
+                                      k_eval, eval_split, eval_batches)["loss"]
             if normalize:
                 losses, final = task.normalizer(losses), task.normalizer(final)
             return losses, final
         k_valid = jax.random.fold_in(k_eval, 1)
-        valid = lambda s: eval_loss(task, s.params, s.model_state, data, k_valid, valid_split, eval_batches)
+        loss_only = {"loss": held_out_metrics(task)["loss"]}
+        valid = lambda s: mean_over_batches(loss_only, s.params, s.model_state, data, k_valid, valid_split,
+                                            eval_batches)["loss"]
         chunk = num_steps // len(schedule)
         head = num_steps - chunk * len(schedule)
         state, head_losses = train_plain(task, tx, state, data, keys[:head])
@@ -138,7 +159,7 @@ def make_task_trainer(family: TaskFamily, make_tx: MakeTx, num_steps: int, *, ev
         state, (chunk_losses, curve) = jax.lax.scan(
             one_chunk, state, keys[head:].reshape((len(schedule), chunk) + keys.shape[1:]))
         losses = jnp.concatenate([head_losses, chunk_losses.reshape(-1)])
-        metrics = mean_over_batches(default_metrics(task), state.params, state.model_state, data, k_eval,
+        metrics = mean_over_batches(held_out_metrics(task), state.params, state.model_state, data, k_eval,
                                     eval_split, eval_batches)
         out = {"losses": losses, "evals": metrics["loss"], "valid_curve": curve}
         if normalize:

@@ -14,8 +14,9 @@ a shipped optimizer's meta-training family must have none. Neither reads a datas
 
 Suites (`names()`):
 
-- heldout-cpu: 12 tasks sized for a 2-core CPU: MLPs of several widths and depths, convnets (1-D
-  and 2-D), a transformer and an LSTM byte LM and a linear regression, on digits, signals1d,
+- heldout-cpu: 14 tasks sized for a 2-core CPU: MLPs of several widths and depths, convnets (1-D
+  and 2-D), two convnets with BatchNorm and dropout (digits 16-32 ReLU, dropout 0.2; Fashion-MNIST
+  14x14 8-16-32 GELU, dropout 0.1), a transformer and an LSTM byte LM and a linear regression, on digits, signals1d,
   Fashion-MNIST (14x14) and a procedural English-like text (`grammar_text`), 300-2000 steps,
   3 seeds each. Needs the Fashion-MNIST IDX files (Debian package dataset-fashion-mnist); every
   other dataset is built without files.
@@ -33,9 +34,10 @@ Suites (`names()`):
   batch 32, 600 steps) on signals1d, each 4x wider and 3x deeper (4 tasks, 3 seeds): the wide and
   deep smooth-activation and LayerNorm MLPs on a small noisy dataset that validation-scaling-cpu
   lacks, for choosing what concerns their over-fitting; no file.
-- validation-conv-cpu: 4 convnets (digits: 16 GELU channels at batch 32 and 4-8-8 ReLU; Fashion-MNIST
-  at 7x7: 8-16 ReLU; signals1d: 32 ReLU, kernel 5), 300-500 steps, 3 seeds, none a test suite's: with
-  validation-cpu's convnet, for choosing what concerns convnets alone.
+- validation-conv-cpu: 6 convnets (digits: 16 GELU channels at batch 32 and 4-8-8 ReLU; Fashion-MNIST
+  at 7x7: 8-16 ReLU; signals1d: 32 ReLU, kernel 5; with BatchNorm and dropout: signals1d 32 ReLU,
+  kernel 5, dropout 0.1, and Fashion-MNIST 7x7 16-16 tanh, dropout 0.3), 300-500 steps, 3 seeds,
+  none a test suite's: with validation-cpu's convnet, for choosing what concerns convnets alone.
 - smoke: 3 tiny tasks (at most 60 steps, 2 seeds) for tests and quick checks.
 - long-horizon-cpu: 7 small tasks at 10 000-20 000 steps, 5-10x the 2000-step meta-training
   horizons of the shipped optimizers up to celo2_v2 (1-2x celo2_v4's 10 000): MLP autoencoders

@@ -18,6 +18,11 @@ def _conv(name, dataset, channels, act, batch, steps, kernel=3):
                      (("activation", act), ("channels", tuple(channels)), ("kernel_size", kernel)), steps)
 
 
+def _conv_bn(name, dataset, channels, act, batch, steps, kernel=3, dropout=0.1):
+    return SuiteTask(name, "conv_bn", dataset, batch, (("activation", act), ("channels", tuple(channels)),
+                                                       ("dropout", float(dropout)), ("kernel_size", kernel)), steps)
+
+
 def _autoencoder(name, dataset, hidden, act, batch, steps):
     return SuiteTask(name, "autoencoder", dataset, batch, (("activation", act), ("hidden_sizes", tuple(hidden))), steps)
 
@@ -48,6 +53,9 @@ _HELDOUT_CPU = (
     _lm("text_transformer_d32", "transformer", 16, 800, d_model=32, num_heads=2, num_layers=1),
     _lm("text_lstm_h48", "lstm", 16, 400, embed_dim=16, hidden_size=48),
     _regression("regression_dim100_cond1000", 100, 32, 1000, condition=1000.0),
+    # convnets with BatchNorm (running statistics as model state) and dropout: the most common vision model
+    _conv_bn("digits_convbn_16x32_relu_drop0.2", "digits", (16, 32), "relu", 64, 500, dropout=0.2),
+    _conv_bn("fmnist14_convbn_8x16x32_gelu_drop0.1_b32", "fashion_mnist_14", (8, 16, 32), "gelu", 32, 600, dropout=0.1),
 )
 
 _MNIST = (
@@ -142,6 +150,9 @@ _VALIDATION_CONV_CPU = (
     _conv("val_digits_conv_4x8x8_relu", "digits", (4, 8, 8), "relu", 64, 300),
     _conv("val_fmnist7_conv_8x16_relu", "fashion_mnist_7", (8, 16), "relu", 64, 400),
     _conv("val_signals_conv1d_32_relu_b32", "signals1d", (32,), "relu", 32, 500, kernel=5),
+    # BatchNorm + dropout convnets on the datasets, widths and depths heldout-cpu's do not use
+    _conv_bn("val_signals_convbn1d_32_relu_drop0.1", "signals1d", (32,), "relu", 64, 400, kernel=5, dropout=0.1),
+    _conv_bn("val_fmnist7_convbn_16x16_tanh_drop0.3", "fashion_mnist_7", (16, 16), "tanh", 64, 400, dropout=0.3),
 )
 
 _SUITES = {"heldout-cpu": _HELDOUT_CPU, "heldout-cpu-mnist": _HELDOUT_CPU + _MNIST, "smoke": _SMOKE,

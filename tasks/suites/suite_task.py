@@ -13,6 +13,7 @@ import dataclasses
 from tasks.autoencoder import AutoencoderFamily
 from tasks.base import TaskFamily
 from tasks.conv import ConvFamily
+from tasks.conv_bn import ConvBNFamily
 from tasks.image_mlp import ImageMLPFamily
 from tasks.language import ByteLMFamily
 from tasks.regression import LinearRegressionFamily
@@ -28,7 +29,8 @@ class SuiteTask:
 
     Attributes:
       name: the task's label in reports.
-      kind: "image_mlp", "conv", "autoencoder", "byte_lm" or "linear_regression".
+      kind: "image_mlp", "conv", "conv_bn" (a convnet with BatchNorm and dropout), "autoencoder", "byte_lm"
+        or "linear_regression".
       dataset: a dataset name of `tasks.registry` ("digits", "signals1d", "fashion_mnist_14", ...),
         a procedural text of `tasks.suites.texts.TEXTS` ("grammar_text", "arithmetic_text") or
         "regression_dim{dim}".
@@ -91,6 +93,9 @@ class SuiteTask:
         if self.kind == "conv":
             return ConvFamily(self.dataset, a["channels"], kernel_size=a["kernel_size"], batch_size=self.batch_size,
                               init_scale_range=(1.0, 1.0), activations=(a["activation"],))
+        if self.kind == "conv_bn":
+            return ConvBNFamily(self.dataset, a["channels"], kernel_size=a["kernel_size"], dropout=a["dropout"],
+                                batch_size=self.batch_size, init_scale_range=(1.0, 1.0), activations=(a["activation"],))
         if self.kind == "autoencoder":
             return AutoencoderFamily(self.dataset, a["hidden_sizes"], batch_size=self.batch_size,
                                      init_scale_range=(1.0, 1.0), activations=(a["activation"],))

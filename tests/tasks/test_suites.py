@@ -40,7 +40,9 @@ def test_heldout_cpu_spans_datasets_architectures_and_horizons():
     assert all(300 <= t.num_steps <= 2000 and len(t.seeds) >= 3 and t.eval_split == "test" for t in suite)
     assert min(t.num_steps for t in suite) == 300 and max(t.num_steps for t in suite) == 2000
     assert {"digits", "signals1d", "fashion_mnist_14", "grammar_text"} <= {t.dataset for t in suite}
-    assert {t.kind for t in suite} == {"image_mlp", "conv", "byte_lm", "linear_regression"}
+    assert {t.kind for t in suite} == {"image_mlp", "conv", "conv_bn", "byte_lm", "linear_regression"}
+    bn = [dict(t.arch) for t in suite if t.kind == "conv_bn"]  # BatchNorm + dropout convnets of two depths
+    assert len(bn) == 2 and len({len(a["channels"]) for a in bn}) == 2 and all(a["dropout"] > 0 for a in bn)
     assert {dict(t.arch)["model"] for t in suite if t.kind == "byte_lm"} == {"transformer", "lstm"}
     mlps = {dict(t.arch)["hidden_sizes"] for t in suite if t.kind == "image_mlp"}
     assert len({len(h) for h in mlps}) >= 3 and len({max(h) for h in mlps}) >= 4  # depths 1-3, several widths
@@ -208,7 +210,13 @@ def test_new_suites_are_disjoint_from_the_test_and_validation_suites_and_name_ea
     conv = suites.get("validation-conv-cpu")
     others = _static("validation-scaling-cpu") | _static("validation-signals-cpu")
     assert not _static("validation-conv-cpu") & (tests | existing | others)
-    assert {t.kind for t in conv} == {"conv"} and {t.dataset for t in conv} == {"digits", "fashion_mnist_7", "signals1d"}
+    assert {t.kind for t in conv} == {"conv", "conv_bn"}
+    assert {t.dataset for t in conv} == {"digits", "fashion_mnist_7", "signals1d"}
+    # its BatchNorm + dropout convnets: datasets, widths and depths that heldout-cpu's do not have
+    val_bn = [t for t in conv if t.kind == "conv_bn"]
+    test_bn = [t for t in suites.get("heldout-cpu") if t.kind == "conv_bn"]
+    assert len(val_bn) == 2 and not {t.dataset for t in val_bn} & {t.dataset for t in test_bn}
+    assert not {dict(t.arch)["channels"] for t in val_bn} & {dict(t.arch)["channels"] for t in test_bn}
     assert all(len(t.seeds) == 3 and t.eval_split == "test" for t in conv)
 
 

@@ -53,8 +53,10 @@ FAMILIES = {
     "rosenbrock": lambda d: tasks.Function2DFamily("rosenbrock"),
     "mlp_digits_layernorm": lambda d: tasks.ImageMLPFamily(d["digits"], (16, 16), norm="layer"),
     "mlp_digits_batchnorm": lambda d: tasks.ImageMLPFamily(d["digits"], (16,), norm="batch"),
+    "small_data_mlp_digits": lambda d: tasks.SmallDataMLPFamily(d["digits"], 100, 0.2, hidden_sizes=(32,)),
     "conv_digits": lambda d: tasks.ConvFamily(d["digits"], (4, 8)),
     "conv_signals": lambda d: tasks.ConvFamily(d["signals"], (4,)),
+    "conv_bn_digits": lambda d: tasks.ConvBNFamily(d["digits"], (4, 8), dropout=0.2),
     "byte_transformer": lambda d: tasks.ByteLMFamily(d["text"], "transformer", d_model=16, num_heads=2),
     "byte_lstm": lambda d: tasks.ByteLMFamily(d["text"], "lstm", hidden_size=16, embed_dim=8),
     "haiku_adapter_state": lambda d: tasks.single_task_family(tasks.task_from_haiku(
