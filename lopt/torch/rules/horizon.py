@@ -4,12 +4,16 @@
 """
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 
+from lopt.rules.horizon import check_horizon_options
 from lopt.torch.rule import Context
+from lopt.torch.rules.scaled import ScaledOptimizer
 from lopt.torch.rules.schedule import item_horizons
 
-__all__ = ["horizon_scale"]
+__all__ = ["horizon_scale", "horizon_scaled"]
 
 
 def horizon_scale(reference: int, power: float, ctx: Context, items) -> torch.Tensor:
@@ -19,3 +23,25 @@ def horizon_scale(reference: int, power: float, ctx: Context, items) -> torch.Te
         return ones
     n, known = item_horizons(ctx, items)
     return torch.where(known, torch.clamp(reference / n, max=1.0) ** power, ones)
+
+
+def horizon_scaled(inner: torch.optim.Optimizer, num_steps: Optional[int], reference: int, power: float = 1.0,
+                   *, role: Optional[Callable] = None) -> ScaledOptimizer:
+    """`inner` with every step times min(1, N_ref/N)^α (`lopt.rules.horizon.horizon_scaled`).
+
+    Args:
+      inner: any torch optimizer.
+      num_steps: the horizon N (None: factor 1).
+      reference: N_ref, an int ≥ 0 (0: off).
+      power: α ≥ 0.
+      role: accepted for symmetry with the other rules; unused.
+
+    Returns:
+      a `lopt.torch.rules.scaled.ScaledOptimizer`.
+    """
+    check_horizon_options(reference, horizon_power=power)
+    if reference == 0 or num_steps is None:
+        f = torch.ones((), dtype=torch.float32)
+    else:
+        f = torch.clamp(reference / torch.tensor(max(float(num_steps), 1.0), dtype=torch.float32), max=1.0) ** power
+    return ScaledOptimizer(inner, lambda t, params, r: f, role)

@@ -18,8 +18,9 @@ from typing import Sequence
 import torch
 
 from lopt.rules.overshoot_brake import FLOOR
+from lopt.torch.rules.scaled import RuleOptimizer
 
-__all__ = ["OvershootBrake", "BRAKE_KEY"]
+__all__ = ["OvershootBrake", "BRAKE_KEY", "BrakedOptimizer", "overshoot_brake"]
 
 #: the optimizer-level entry of `TorchLearnedOptimizer.state` holding {"log_brake": float32 []}
 BRAKE_KEY = "overshoot_brake"
@@ -86,3 +87,52 @@ class OvershootBrake:
         prev = param_state["prev_update"]  # overwritten in place: no fresh tensor per step
         torch.mul(update.to(torch.float32), alpha.to(update.device), out=prev)
         return prev.to(update.dtype)
+
+
+class BrakedOptimizer(RuleOptimizer):
+    """A torch optimizer whose steps the brake scales (`overshoot_brake`).
+
+    Args:
+      inner: the wrapped optimizer.
+      brake: the `OvershootBrake`.
+    """
+
+    def __init__(self, inner: torch.optim.Optimizer, brake: OvershootBrake):
+        super().__init__(inner)
+        self.brake, self.brake_state, self.prev, self.alpha = brake, OvershootBrake.init_state(), {}, None
+
+    def before_step(self, params):
+        prevs = [self.prev.setdefault(p, OvershootBrake.init_param_state(p)) for p in params]
+        self.alpha = self.brake.advance(self.brake_state, [p.grad for p in params], [s["prev_update"] for s in prevs])
+
+    def rule(self, steps, before, params, loss):
+        return [OvershootBrake.apply(self.prev[p], s, self.alpha) for p, s in zip(params, steps)]
+
+    def rule_state(self) -> dict:
+        params = [p for g in self.inner.param_groups for p in g["params"]]
+        return {"log_brake": self.brake_state["log_brake"].clone(),
+                "prev_update": [self.prev[p]["prev_update"].clone() if p in self.prev else None for p in params]}
+
+    def load_rule_state(self, state: dict) -> None:
+        self.brake_state = {"log_brake": state["log_brake"].clone()}
+        params = [p for g in self.inner.param_groups for p in g["params"]]
+        self.prev = {p: {"prev_update": d.clone()} for p, d in zip(params, state["prev_update"]) if d is not None}
+
+
+def overshoot_brake(inner: torch.optim.Optimizer, gain: float, threshold: float = 0.15,
+                    floor: float = FLOOR) -> BrakedOptimizer:
+    """`inner` with its steps scaled by the overshoot brake's α_t (`lopt.rules.overshoot_brake.overshoot_brake`).
+
+    Args:
+      inner: any torch optimizer.
+      gain: κ > 0.
+      threshold: c₀ in [0, 1).
+      floor: the smallest α, in (0, 1].
+
+    Returns:
+      a `BrakedOptimizer`.
+    """
+    if not gain > 0 or not 0 <= threshold < 1 or not 0 < floor <= 1:
+        raise ValueError(f"overshoot_brake needs gain > 0, 0 <= threshold < 1 and 0 < floor <= 1, got {gain}, "
+                         f"{threshold}, {floor}")
+    return BrakedOptimizer(inner, OvershootBrake(gain, threshold, floor))

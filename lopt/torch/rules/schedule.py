@@ -8,13 +8,15 @@
 from __future__ import annotations
 
 import math
+from typing import Callable, Optional
 
 import torch
 
-from lopt.rules.schedule import WARMUP_FRACTION
+from lopt.rules.schedule import WARMUP_FRACTION, check_schedule
 from lopt.torch.rule import Context
+from lopt.torch.rules.scaled import ScaledOptimizer
 
-__all__ = ["prior_schedule", "item_horizons"]
+__all__ = ["prior_schedule", "item_horizons", "scheduled"]
 
 
 def prior_schedule(name: str, ctx: Context, items) -> torch.Tensor:
@@ -34,3 +36,30 @@ def item_horizons(ctx: Context, items) -> tuple[torch.Tensor, torch.Tensor]:
     """Each item's horizon N as a float ≥ 1 ([L]; 1 where unknown) and whether it is known ([L] bool)."""
     n = torch.tensor([float(it.horizon or 1) for it in items], dtype=ctx.dtype, device=ctx.device).clamp(min=1.0)
     return n, torch.tensor([it.horizon is not None for it in items], device=ctx.device)
+
+
+def scheduled(inner: torch.optim.Optimizer, num_steps: Optional[int], name: str = "cosine",
+              *, role: Optional[Callable] = None) -> ScaledOptimizer:
+    """`inner` with every step times σ(t, N) (`lopt.rules.schedule.scheduled`).
+
+    Args:
+      inner: any torch optimizer.
+      num_steps: the horizon N (None: σ = 1).
+      name: "constant" or "cosine".
+      role: accepted for symmetry with the other rules; unused.
+
+    Returns:
+      a `lopt.torch.rules.scaled.ScaledOptimizer`.
+    """
+    check_schedule(name)
+
+    def factor(t, params, r):
+        if name == "constant" or num_steps is None:
+            return 1.0
+        f32 = dict(dtype=torch.float32)
+        n = torch.clamp(torch.tensor(float(num_steps), **f32), min=1.0)
+        t = torch.tensor(float(t), **f32)
+        warm = torch.clamp((t + 1.0) / torch.clamp(torch.ceil(WARMUP_FRACTION * n), min=1.0), max=1.0)
+        return warm * 0.5 * (1.0 + torch.cos(math.pi * torch.clamp(t / n, max=1.0)))
+
+    return ScaledOptimizer(inner, factor, role)
