@@ -30,17 +30,17 @@ The baselines, each with one tuned learning rate lr and everything else fixed:
             weight decay) at the same lr for everything else
     sgdm    optax.sgd(lr, momentum=0.9)
 
-`baselines.schedules.scheduled_baseline` builds the same optimizers with their rate on a schedule over the task's step
-budget (constant, warm-up + cosine to 0, warm-up + linear decay to 0) and, for AdamW
-and Muon, their weight decay wd as a tuned value: optax.adamw(sched, weight_decay=wd) decays every
-parameter, optax.contrib.muon(sched, weight_decay=wd) the parameters on its Muon path (matrices and
-kernels; its Adam path keeps no decay, as above). optax multiplies the decay by the scheduled rate,
-so a step shrinks a weight by the fraction sched(t) wd. `default_weight_decays` is the grid they are
-tuned over: 0 and the decades 1e-3 .. 1 (`DEFAULT_WEIGHT_DECAYS`); 1e-4 is left out because lr wd T
-stays below 0.02 for every rate <= 0.1 and budget <= 2000 steps of the suites, indistinguishable from
-0, while the short runs of the CPU suites can use decays up to lr wd ~ 1e-3 per step. Adam and SGD
-with momentum take no decay (their grid is (0,)). `grid_search.tune_baseline` tunes rate x decay x
-schedule.
+`baselines.schedules.scheduled_baseline` builds the same optimizers with their rate on a schedule
+over the task's step budget (constant, warm-up + cosine to 0, warm-up + linear decay to 0) and, for
+AdamW and Muon, their weight decay wd as a tuned value: optax.adamw(sched, weight_decay=wd) decays
+every parameter, optax.contrib.muon(sched, weight_decay=wd) the parameters on its Muon path
+(matrices and kernels; its Adam path keeps no decay, as above). optax multiplies the decay by the
+scheduled rate, so a step shrinks a weight by the fraction sched(t) wd. `default_weight_decays` is
+the grid they are tuned over: 0 and the decades 1e-3 .. 1 (`DEFAULT_WEIGHT_DECAYS`). 1e-4 is left
+out: at AdamW's rates (<= 0.1) over the suites' budgets (<= 2000 steps) it shrinks a weight by at
+most lr wd T = 0.02, indistinguishable from no decay; the largest, 1, shrinks noticeably even in a
+short run (lr wd T = 0.3 at lr 1e-3 over 300 steps). Adam and SGD with momentum take no decay
+(their grid is (0,)). `baselines.grid_search.tune_baseline` tunes rate x decay x schedule.
 
 Muon's routing (`muon_dimension_numbers`): a parameter of rank >= 2 is a weight of y = x W whose
 last axis is the output, as haiku and flax lay out dense ([in, out]) and convolution ([k..., in,

@@ -23,8 +23,10 @@ The rule, the same for every baseline (`TWO_STAGE`):
 `top_k=None` is the full grid instead: every seed at every point (and every extension), as
 `tuning.tune_learning_rate` runs a rate grid. The runs returned are the last stage's, one run dict per
 point, each with "learning_rate", "weight_decay", "schedule" and "grid_edge" (the edges of stage 1's
-grid on which that point lies, e.g. "high" for the largest rate tried, "decay high"; None inside), so that `best_runs` picks the setting and `grid_edge` reports its edge. Test data never
-enters: the rule reads validation losses only (or train losses, `select_by="train"`).
+grid on which that point lies, e.g. "high" for the largest rate tried, "decay high"; None inside),
+so that `best_runs` picks the setting and `grid_edge` reports its edge. Test data never enters: the
+rule reads validation losses only (or train losses, `select_by="train"`). The extension rounds pad
+their points to a power of two, so that few shapes compile.
 """
 from __future__ import annotations
 
@@ -111,7 +113,7 @@ def tune_baseline(family: TaskFamily, name: str, make_tx: MakeTx, num_steps: int
       family: the task family `cfgs` were drawn from.
       name: the baseline's name in the runs (e.g. "adamw:tuned").
       make_tx: `{"learning_rate", "weight_decay", "schedule"} -> optax transform`, every entry traced
-        (`tuning.scheduled_baseline`).
+        (`schedules.scheduled_baseline`).
       num_steps: training steps per run (the schedules' budget).
       cfgs: S task cfgs (one per seed).
       keys: S run keys.
