@@ -18,11 +18,13 @@ from tasks.language import ByteLMFamily, ByteLMTask, ByteLSTMTask, ByteTransform
 from tasks.quadratics import QuadraticFamily, QuadraticTask
 from tasks.registry import dataset_names, get_dataset, register_dataset
 from tasks.regression import LinearRegressionFamily, LinearRegressionTask
+from tasks.small_data import SmallDataMLPFamily, few_examples
 
 __all__ = [
     "Task", "TaskFamily", "single_task_family", "DataSource", "datasets", "suites",
     "QuadraticTask", "QuadraticFamily", "LinearRegressionTask", "LinearRegressionFamily",
     "ImageMLPTask", "ImageMLPFamily", "ConvTask", "ConvFamily", "ConvBNTask", "ConvBNFamily", "AutoencoderTask", "AutoencoderFamily",
+    "SmallDataMLPFamily", "few_examples",
     "ByteLMTask", "ByteLMFamily", "ByteTransformerTask", "ByteLSTMTask",
     "Function2DTask", "Function2DFamily", "RosenbrockTask",
     "task_from_haiku", "task_from_flax",
