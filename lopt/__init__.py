@@ -6,6 +6,7 @@ from lopt.archs.adafac_mlp_lopt import AdafacMLPLOpt, AdafacState
 from lopt.base import LearnedOptimizer, architecture, architectures
 from lopt.archs.hyper_lopt import HyperLOpt, HyperLOptState
 from lopt.archs.learnable_hparams import LearnableAdam, LearnableSGD, LearnableSGDM
+from lopt.archs.learnable_decay import LearnableAdamW
 from lopt.archs.mlp_lopt import MLPLOpt, MLPLOptState
 from lopt.archs.nn_adam import NNAdam, NNAdamState
 from lopt.archs.norm_mlp_lopt import NormMLPLOpt, NormMLPLOptState
@@ -22,6 +23,6 @@ __all__ = [
     "MLPLOpt", "MLPLOptState", "AdafacMLPLOpt", "AdafacState", "RNNMLPLOpt", "RNNMLPLOptState",
     "NNAdam", "NNAdamState", "NormMLPLOpt", "NormMLPLOptState", "Celo2LOpt", "Celo2LOptState",
     "HyperLOpt", "HyperLOptState", "Celo", "CeloState", "CeloAdam", "CeloAdamState",
-    "LearnableAdam", "LearnableSGD", "LearnableSGDM",
+    "LearnableAdam", "LearnableAdamW", "LearnableSGD", "LearnableSGDM",
     "save_theta", "load_theta", "load_learned_optimizer", "load_optimizer", "pretrained", "published",
 ]

@@ -6,6 +6,7 @@
 - `nn_adam.NNAdam`: Adam whose hyper-parameters an LSTM sets per tensor and step.
 - `hyper_lopt.HyperLOpt`: a per-tensor LSTM that generates the per-parameter MLP's weights.
 - `learnable_hparams`: SGD, SGDM and Adam with learned hyper-parameters.
+- `learnable_decay.LearnableAdamW`: AdamW with a learned lr and a learned, signed weight decay.
 - `norm_mlp_lopt.NormMLPLOpt`: normalized Adam plus a learned residual, a learned bounded step size.
 - `celo2_lopt.Celo2LOpt`: a learned, Muon-orthogonalized matrix update and AdamW for the rest.
 - `celo.Celo`, `celo_adam.CeloAdam`: the published Celo and Celo-Adam (Moudgil et al. 2025), a

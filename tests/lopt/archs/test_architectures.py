@@ -29,6 +29,7 @@ ARCHS = {
     "Celo2LOpt": lambda: lopt.Celo2LOpt(hidden_size=4, hidden_layers=1, lr_hidden_size=4, decays=(0.9,)),
     "HyperLOpt": lambda: lopt.HyperLOpt(lstm_hidden=4, momentum_decays=(0.9,), adafactor_decays=(0.99,)),
     "LearnableAdam": lambda: lopt.LearnableAdam(1e-2),
+    "LearnableAdamW": lambda: lopt.LearnableAdamW(1e-2, 0.1),
     "LearnableSGDM": lambda: lopt.LearnableSGDM(1e-2),
     "LearnableSGD": lambda: lopt.LearnableSGD(1e-2),
 }
