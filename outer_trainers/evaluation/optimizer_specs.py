@@ -9,11 +9,13 @@ num_steps=...)`: another authors' learned optimizer, e.g. published:celo_adam), 
 (`lopt.save_theta`) or a checkpoint file of an `outer_train` run
 (`outer_trainers.theta_from_checkpoint`). A learned optimizer is told each task's step budget as
 its horizon and is never tuned. "published:NAME" is also an untuned baseline (`--baselines
-adam,published:celo_adam`): it runs once per task and every optimizer is scored against it (lopt.published.load
-takes no rate, so a published optimizer runs with its authors' own step sizes, never on a schedule of ours).
+adam,published:celo_adam`): it runs once per task and every optimizer is scored against it
+(lopt.published.load takes no rate, so a published optimizer runs with its authors' own step sizes,
+never on a schedule of ours).
 
 A baseline spec is NAME or NAME:SCHEDULE ("adam", "adamw:cosine", "muon:tuned"): `baselines.specs`
-(`parse_baseline`, re-exported here) says what each names.
+(`parse_baseline`, `is_tuned_baseline`, `SCHEDULE_CHOICES` and `TUNED`, re-exported here) says what
+each names.
 """
 from __future__ import annotations
 
