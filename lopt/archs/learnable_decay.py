@@ -9,7 +9,7 @@ theta = {"log_lr": float32 [], "weight_decay": float32 []}; with lr = exp(θ_log
 which is `optax.adamw(lr, b1, b2, eps, eps_root, weight_decay=λ)` with every parameter decayed. It is the
 known-answer case of held-out meta-training (docs/heldout_meta_training.md): on a task that
 over-fits, the held-out loss wants λ > 0 and the training loss wants λ ≤ 0. As every lopt
-optimizer (docs/drop_in_optax.md) it runs in float32 (`learnable_hparams.in_float32`).
+optimizer (docs/drop_in_optax.md) it runs in float32 (`lopt.parts.float32.in_float32`).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt.archs.learnable_hparams import in_float32
+from lopt.parts.float32 import in_float32
 from lopt.base import LearnedOptimizer
 from lopt.parts.spec import PARAM, ArchSpec, StateField, iteration_field
 

@@ -9,4 +9,5 @@
 - `nn`: tiny networks as pure functions (dense, LSTM, element-wise MLPs).
 - `step_size`: learned step-size heads bounded around a base step size.
 - `newton_schulz`: Muon's orthogonalization of matrix updates and its width scale.
+- `float32`: an optax transform run in float32 (float32 state, updates in each parameter's dtype).
 """
