@@ -16,12 +16,13 @@ Check, per component j of θ, over R independent replicates of N pairs (particle
     sign(mean_est) = sign(mean_ref), |mean_est| > 3 · SE_est  (the sign is resolved, and right)
 and the reference itself is resolved (|mean_ref| > 3 SE_ref), so that the sign check can fail.
 
-Sample sizes from that bound: the sign check needs SE_est = s / √(R·N) below |g_j| / 3, with margin
-(|g_j| / SE_est ≈ 4.5 for ~90 % power). Measured: exact g ≈ (+0.025, −0.028) for (log_lr, λ), spread per
-episode (0.020, 0.025) → M = 16 resolves both at ≥ 4 SE. One PES pair's spread in λ was s ≈ 0.10 with
-4 truncations of 40 (R·N = 64 left λ at 2.3 SE: too few); with 2 truncations of 80, s ≈ 0.07 →
-R·N ≥ (4.5 · 0.07 / 0.028)² ≈ 126: R = 16, N = 8 for PES and NRES. TruncatedES (one truncation, no
-accumulated ξ) and TruncatedGrad (exact per particle) need 64 and 32.
+Sample sizes from that bound: the sign check needs SE_est = s / √(R·N) below |g_j| / 3, with margin:
+|g_j| / SE_est ≈ 4.5 for ~90 % power, so R·N ≥ (4.5 s / |g_j|)². Measured: exact g ≈ (+0.025, −0.028) for
+(log_lr, λ), spread per episode (0.020, 0.025) → M = 16 resolves both at ≥ 4 SE. Spread of one pair's estimate
+of ∂/∂λ (the less resolved component): PES s ≈ 0.09 (two truncations of 80; ≈ 0.10 with four of 40, where
+R·N = 64 left the sign at 2.3 SE) → R·N ≥ 210: R = 32, N = 8; NoiseReuseES s ≈ 0.12 → R·N ≥ 370: R = 48;
+TruncatedES s ≈ 0.046 → R·N ≥ 110 … 64 measured |g| / SE = 4.9: R = 8; TruncatedGrad (exact per particle,
+s = 0.025) → 32 particles, |g| / SE ≈ 6.
 """
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ Z_BOUND, Z_SIGN = 3.5, 3.0
 STD = 0.1  # σ of the ES estimators: the loss is smooth at that scale (FD at h = 0.1 matches jax.grad)
 
 ESTIMATORS = {  # name -> (make(ts), trunc_length, replicates R); N = 8 pairs (4 particles for TruncatedGrad)
-    "TruncatedPES": (lambda ts: ot.TruncatedPES(ts, 8, K, std=STD), K, 16),
-    "NoiseReuseES": (lambda ts: ot.NoiseReuseES(ts, 8, K, std=STD), K, 16),
+    "TruncatedPES": (lambda ts: ot.TruncatedPES(ts, 8, K, std=STD), K, 32),
+    "NoiseReuseES": (lambda ts: ot.NoiseReuseES(ts, 8, K, std=STD), K, 48),
     "TruncatedES": (lambda ts: ot.TruncatedES(ts, 8, H.T, std=STD), H.T, 8),
     "TruncatedGrad": (lambda ts: ot.TruncatedGrad(ts, 4, H.T), H.T, 8),
 }
