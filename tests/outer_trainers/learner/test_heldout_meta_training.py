@@ -15,7 +15,7 @@ Measured (seeds 0, 1, 2): λ_held-out +0.172, +0.094, +0.200 and λ_train −0.9
 Which parameters train is the setting that matters (docs/heldout_meta_training.md): with log_lr trained too (from
 1e-2, 150 outer steps), held-out meta-training regularises through the learning rate instead — it keeps lr at
 ≈ 1e-2 with the episode-mean meta-loss and lowers it to ≈ 3e-3 with the end-weighted one, while training-loss
-meta-training raises it to 0.02–0.04 — and learns λ < 0 (−0.16 … −1.5), still ending at a test loss 3–7×
+meta-training raises it to 0.02–0.04 — and learns λ < 0 (−0.16 … −1.5), still ending at a test loss 3–11×
 below training-loss meta-training.
 """
 from __future__ import annotations
@@ -42,7 +42,8 @@ def estimator(split) -> ot.TruncatedPES:
 
 
 def meta_train(split, seed: int, *, train_lr: bool = False, lr: float = H.LR, steps: int = OUTER_STEPS):
-    """θ after `steps` outer steps from lr `lr`, λ = 0 on `split` (None: the training loss); λ only, or with log_lr."""
+    """θ after `steps` outer steps from lr `lr` and λ = 0, meta-trained on `split` (None: the training loss);
+    λ only, or λ and log_lr (`train_lr`)."""
     lo = H.learned_opt(lr)
     est = estimator(split)
     outer = optax.adam(OUTER_LR) if train_lr else optax.multi_transform(
