@@ -92,7 +92,7 @@ from lopt.parts.newton_schulz import is_orthogonalized, orthogonalize, width_sca
 from lopt.parts.nn import later_layers, residual_mlp_init
 from lopt.parts.spec import ArchSpec, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
-from lopt.rules import conv_step, depth, horizon, overshoot_brake, radial, schedule, weight_decay as wd_rule
+from lopt.rules import conv_step, depth, horizon, overshoot_brake, per_tensor, radial, schedule, weight_decay as wd_rule
 
 DECAYS = (0.5, 0.95, 0.99)
 # elements per block of the per-parameter MLP with the CPU layout: a block's features and hidden units stay in cache
@@ -307,7 +307,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
           strict_roles: raise on a leaf whose input axes inference cannot read, instead of warning.
 
         Returns:
-          An `optax.GradientTransformationExtraArgs`; its update reads `params` and, optionally, `loss`.
+          A `lopt.rules.per_tensor.PerTensorTransform` (an `optax.GradientTransformationExtraArgs`); its
+          update reads `params`, optionally `loss`, and `tensor_rules=` from the rules wrapped around it:
+          their decay rates join λ in each bracket (times that tensor's η) and their residual maps act
+          on MLP(x) after the fade.
         """
         del is_training
         self.check_theta(theta, "Celo2LOpt.opt_fn")
@@ -321,7 +324,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             start = jnp.zeros((), jnp.float32) if self.wd_loss_power > 0 else None
             return Celo2LOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(), start)
 
-        def update_leaf(g, p, m, v, role, t, lrs, fade, lam):
+        def update_leaf(g, p, m, v, role, t, lrs, fade, lam, rules):
             shape, k = jnp.shape(p), len(self.decays)
             n = math.prod(shape)
             if n == 0:
@@ -330,6 +333,9 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             decay = self.weight_decay  # plus the weight-decay rule's λ where it decays this role
             if lam is not None and wd_rule.is_decayed(role, self.wd_roles):
                 decay = decay + lam
+            for rule in rules:  # rules outside the update, through `lopt.rules.per_tensor`
+                rule_lam = rule.decay(role)
+                decay = decay if rule_lam is None else decay + rule_lam
             m, v = accumulate(g32, m, v, decays, self.rms_decay)
             t1 = (t + 1).astype(jnp.float32)
             nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
@@ -341,6 +347,8 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                 r = r if fade is None else fade * r
                 if self.residual_no_growth:
                     r = radial.remove_growth(r, flat(p32), self.residual_growth_free, role.fan_in(shape))
+                for rule in rules:
+                    r = rule.residual(r, flat(p32), role, shape)
                 u = u + r
                 orth = gathered(lambda x: orthogonalize(x, role), u.reshape(shape))
                 step = lrs[0] * (width_scale(shape, role) * orth + decay * p32)
@@ -370,11 +378,12 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                     lams[free] = lam0 * wd_rule.loss_factor(start, loss_state[0], self.wd_loss_power,
                                                             self.wd_loss_max, free)
             lam = lambda role: lams.get(wd_rule.loss_free_of(role, self.wd_loss_free, self.wd_conv_loss_free), lam0)
-            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam(r)) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
+            rules = per_tensor.rules_of(extra_args)
+            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam(r), rules) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state, start)
 
-        tx = optax.GradientTransformationExtraArgs(init_fn, update_fn)
+        tx = per_tensor.PerTensorTransform(init_fn, update_fn)
         if self.overshoot_gain > 0:
             tx = overshoot_brake.overshoot_brake(tx, self.overshoot_gain, self.overshoot_threshold)
         return tx

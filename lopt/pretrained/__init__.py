@@ -8,14 +8,18 @@
 Theta files are stored once, by content: thetas/SHA256.msgpack, a `lopt.save_theta` file
 (architecture, config and theta) named by the SHA-256 of its bytes, which `load` checks. A shipped
 NAME is a small record, NAME.json: "theta_sha256" (which theta file), "architecture" and "config"
-(as meta-trained), "deploy_options" (what `load` sets on that config: the deploy rules and their
-constants, `lopt.rules`; {} for none) with "deploy_reason", and its provenance: "recipe" (the gin file
+(as meta-trained), "rules" (its rule chain: the `lopt.rules` parts `load` wraps around the
+architecture, innermost first, each with its constants; `rule_chain`), "deploy_options" (what `load`
+sets on that config: the deploy settings the architecture still holds; {} for none) with
+"deploy_reason", and its provenance: "recipe" (the gin file
 in scripts/configs/ it was meta-trained from, relative to the repository root; the one place the
 recipe lives), "command" (the one command that re-creates it), "git_commit", "hardware",
 "meta_training_steps", "meta_training_hours", "meta_training_horizons" ([min, max] steps; `load`
 warns past max), "results" (what it was measured to do, where it loses included, in a few lines)
 and "licence". Several names may share one theta (celo2_v5 to celo2_v9 do) and differ only in their
-deploy options.
+deploy options and rules. A record or config written when the rules were architecture fields
+(e.g. Celo2LOpt's `wd_rate`, `residual_no_growth`, `conv_step_scale`; NormMLPLOpt's `overshoot_gain`)
+still loads: `rule_chain.from_fields` translates those fields into the same chain.
 
 The update layout (`lopt.parts.layout`: how the per-parameter work is cut into blocks, which
 changes speed, not the function) is resolved once, when `load` is called: `layout=None` takes
@@ -43,6 +47,7 @@ import optax
 
 from lopt.base import LearnedOptimizer
 from lopt.parts import layout as layout_lib
+from lopt.pretrained import rule_chain
 from lopt.serialization import load_learned_optimizer
 
 __all__ = ["RECOMMENDED", "names", "load", "info", "load_learned_optimizer_by_name", "deployed_learned_optimizer",
@@ -102,8 +107,9 @@ def info(name: str) -> dict:
       (as meta-trained), "theta_sha256" (its theta file, `theta_path`), "recipe" (the gin file it was
       meta-trained from, relative to the repository root), "command" (the one command that re-creates
       it), "git_commit", "hardware", "meta_training_steps", "meta_training_hours", "results" (a few
-      lines: its measured results against tuned baselines, where it loses included), "licence"; and
-      "deploy_options", what `load` changes in that config ({} for none; `deploy_options`).
+      lines: its measured results against tuned baselines, where it loses included), "licence";
+      "rules", its rule chain ([] for none; `rule_chain`); and "deploy_options", what `load` changes
+      in that config ({} for none).
 
     Raises:
       ValueError: `name` is not shipped, or its record lacks a required entry.
@@ -122,19 +128,26 @@ def info(name: str) -> dict:
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
         raise ValueError(f"the record of pretrained optimizer {name!r} has deploy_options {options!r}: "
                          f"expected an object of hyper-parameter names to values")
+    rules = record.setdefault("rules", [])
+    if not isinstance(rules, list) or not all(isinstance(r, dict) and r.get("part") in rule_chain.PARTS for r in rules):
+        raise ValueError(f"the record of pretrained optimizer {name!r} has rules {rules!r}: expected a list of "
+                         f"objects, each with a \"part\" in {rule_chain.PARTS} and its constants")
     return record
 
 
 def deploy_options(name: str) -> dict:
-    """What `load` sets on a shipped optimizer's saved config, as its record holds it.
+    """What a shipped optimizer deploys on its saved config, as architecture fields: the record's
+    "deploy_options" and its rule chain in the fields that held it inside the architecture
+    (`rule_chain.to_fields`; the form `lopt.torch` reads).
 
     Args:
       name: one of `names()`.
 
     Returns:
-      A fresh dict {hyper-parameter: value} ({} when `load` uses the config as meta-trained).
+      A fresh dict {hyper-parameter: value} ({} when it deploys the config as meta-trained).
     """
-    return dict(info(name)["deploy_options"])
+    record = info(name)
+    return {**record["deploy_options"], **rule_chain.to_fields(record["architecture"], record["rules"])}
 
 
 def load_learned_optimizer_by_name(name: str) -> tuple[LearnedOptimizer, Any]:
@@ -175,8 +188,9 @@ def _load(name: str) -> tuple[dict, LearnedOptimizer, Any]:
 
 
 def deployed_learned_optimizer(name: str) -> tuple[LearnedOptimizer, Any]:
-    """The architecture and theta `load` uses: the saved config with its `deploy_options` applied
-    (none: exactly `load_learned_optimizer_by_name`).
+    """The architecture and theta of what `load` builds, its rules held as architecture fields: the
+    saved config with `deploy_options(name)` applied (none: exactly `load_learned_optimizer_by_name`).
+    `load` builds the same optimizer from the architecture without them and the parts of its chain.
 
     Args:
       name: one of `names()`.
@@ -192,7 +206,7 @@ def deployed_learned_optimizer(name: str) -> tuple[LearnedOptimizer, Any]:
 
 
 def _deployed(name: str, record: dict, learned_opt: LearnedOptimizer) -> LearnedOptimizer:
-    options = record.get("deploy_options") or {}
+    options = {**(record.get("deploy_options") or {}), **rule_chain.to_fields(record["architecture"], record["rules"])}
     if not options:
         return learned_opt
     try:
@@ -207,8 +221,10 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
     """A shipped meta-trained optimizer as an optax transform.
 
     Use it as any optax optimizer; it reads the params, so pass them (and, optionally, the loss):
-    `updates, state = tx.update(grads, state, params, loss=loss)`. The architecture is the saved
-    one with its `deploy_options` applied (`deployed_learned_optimizer`).
+    `updates, state = tx.update(grads, state, params, loss=loss)`. It is the saved architecture
+    with the record's "deploy_options" applied, without rule fields, inside the `lopt.rules` parts
+    of its chain (`rule_chain.apply`; rule fields of an older record or config are translated,
+    `rule_chain.from_fields`).
 
     Args:
       name: one of `names()`.
@@ -240,7 +256,13 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
     holds ("meta_training_horizons").
     """
     record, learned_opt, theta = _load(name)
-    learned_opt = _deployed(name, record, learned_opt)
+    config, rules = rule_chain.from_fields(learned_opt.name, {**learned_opt.config(), **record["deploy_options"]})
+    try:
+        learned_opt = type(learned_opt)(**config)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"pretrained optimizer {name!r}: its deploy_options {record['deploy_options']} do not build "
+                         f"{learned_opt.name}: {e}") from None
+    rules = rules + record["rules"]
     if hasattr(learned_opt, "layout"):
         chosen = layout_lib.for_platform(jax.default_backend()) if layout is None else layout
         learned_opt = dataclasses.replace(learned_opt, layout=chosen)
@@ -267,4 +289,5 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
             raise ValueError(f"pretrained optimizer {name!r} ({learned_opt.name}) has no fan-in rule: "
                              f"weight_dimension_numbers and strict_roles do not apply to it")
         roles = dict(weight_dimension_numbers=weight_dimension_numbers, strict_roles=strict_roles)
-    return learned_opt.opt_fn(theta, num_steps=num_steps, **roles)
+    return rule_chain.apply(learned_opt.opt_fn(theta, num_steps=num_steps, **roles), rules,
+                            weight_dimension_numbers=weight_dimension_numbers)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from lopt.parts.newton_schulz import is_orthogonalized
+from lopt.rules import per_tensor
 from lopt.rules.scaled import leaf_roles
 
 EPS = 1e-30
@@ -71,8 +72,9 @@ def growth_limited(inner: optax.GradientTransformation, free: float = 4.0, *,
         Δp ← Δp − max(0, ⟨Δp, p⟩) / ⟨p, p⟩ · p
 
     (`remove_growth` with r = −Δp). Wrapped around a whole update this limits the gradient-driven part
-    too; a learned optimizer applies it to its learned residual alone (Celo2LOpt's
-    `residual_no_growth`, `celo2_v7` to `celo2_v9`). Example: `lopt.rules.growth_limited(optax.adamw(1e-3), 4.0)`.
+    too. Around a learned update that takes `lopt.rules.per_tensor`'s interface (e.g. `lopt.Celo2LOpt`'s)
+    it acts on its learned residual r alone, r ← `remove_growth(r, p, free, fan_in)`, before the
+    direction is formed (as `celo2_v7` to `celo2_v9` deploy it); the rest of the step is untouched. Example: `lopt.rules.growth_limited(optax.adamw(1e-3), 4.0)`.
 
     Args:
       inner: any optax transform; the wrapper's update needs `params`.
@@ -80,14 +82,19 @@ def growth_limited(inner: optax.GradientTransformation, free: float = 4.0, *,
       weight_dimension_numbers: roles where inference should not decide (`lopt.param_roles.infer`).
 
     Returns:
-      An `optax.GradientTransformationExtraArgs` whose state is a `GrowthLimitState`.
+      An `optax.GradientTransformationExtraArgs` whose state is a `GrowthLimitState` (a
+      `PerTensorTransform` where `inner` is one).
     """
     if not free >= 0:
         raise ValueError(f"growth_limited needs free >= 0, got {free!r}")
     inner = optax.with_extra_args_support(inner)
 
     def update_fn(updates, state, params=None, **extra_args):
-        steps, inner_state = inner.update(updates, state.inner, params, **extra_args)
+        if per_tensor.supports(inner):  # on the learned residual, inside the update
+            rule = GrowthLimitRule(free)
+            steps, inner_state = inner.update(updates, state.inner, params, **per_tensor.forward(inner, rule, extra_args))
+            return steps, GrowthLimitState(inner=inner_state)
+        steps, inner_state = inner.update(updates, state.inner, params, **per_tensor.forward(inner, None, extra_args))
         roles = leaf_roles(params, weight_dimension_numbers, "growth_limited")
         leaves, treedef = jax.tree_util.tree_flatten(steps)
         out = []
@@ -99,4 +106,20 @@ def growth_limited(inner: optax.GradientTransformation, free: float = 4.0, *,
             out.append(s)
         return treedef.unflatten(out), GrowthLimitState(inner=inner_state)
 
-    return optax.GradientTransformationExtraArgs(lambda params: GrowthLimitState(inner=inner.init(params)), update_fn)
+    return per_tensor.wrap(inner, lambda params: GrowthLimitState(inner=inner.init(params)), update_fn)
+
+
+class GrowthLimitRule(per_tensor.TensorRule):
+    """`growth_limited` given to a learned update (`lopt.rules.per_tensor`): its residual r loses the part
+    that grows ‖p‖ (`remove_growth`) in every matrix past rms(p) · √fan_in = `free`.
+
+    Args:
+      free: g ≥ 0.
+    """
+
+    def __init__(self, free: float):
+        self.free = free
+
+    def residual(self, r, p, role, shape):
+        """`remove_growth(r, p, free, role.fan_in(shape))`."""
+        return remove_growth(r, p, self.free, role.fan_in(shape))

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from lopt import param_roles
+from lopt.rules import per_tensor
 
 __all__ = ["ScaledState", "scale_updates", "leaf_roles"]
 
@@ -42,7 +43,8 @@ def scale_updates(inner: optax.GradientTransformation,
         float) per leaf of the updates, in `jax.tree_util` order.
 
     Returns:
-      An `optax.GradientTransformationExtraArgs` whose state is a `ScaledState`.
+      An `optax.GradientTransformationExtraArgs` whose state is a `ScaledState` (a
+      `lopt.rules.per_tensor.PerTensorTransform` that forwards `tensor_rules=` where `inner` is one).
     """
     inner = optax.with_extra_args_support(inner)
 
@@ -50,7 +52,7 @@ def scale_updates(inner: optax.GradientTransformation,
         return ScaledState(inner=inner.init(params), count=jnp.zeros((), jnp.int32))
 
     def update_fn(updates, state, params=None, **extra_args):
-        steps, inner_state = inner.update(updates, state.inner, params, **extra_args)
+        steps, inner_state = inner.update(updates, state.inner, params, **per_tensor.forward(inner, None, extra_args))
         leaves, treedef = jax.tree_util.tree_flatten(steps)
         f = factor(state.count, params)
         fs = f if isinstance(f, (list, tuple)) else [f] * len(leaves)
@@ -58,7 +60,7 @@ def scale_updates(inner: optax.GradientTransformation,
                for c, s in zip(fs, leaves)]
         return treedef.unflatten(out), ScaledState(inner=inner_state, count=state.count + 1)
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return per_tensor.wrap(inner, init_fn, update_fn)
 
 
 def leaf_roles(params: Any, weight_dimension_numbers: Any = None, rule: str = "this rule") -> list:

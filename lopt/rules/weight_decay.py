@@ -48,9 +48,10 @@ import optax
 from lopt.param_roles import KINDS
 from lopt.parts import features as ft
 from lopt.parts.spec import STEP, StateField
+from lopt.rules import per_tensor
 from lopt.rules.scaled import leaf_roles
 
-__all__ = ["THETA_KEY", "DEFAULT_ROLES", "check_weight_decay_options", "check_loss_options", "theta_init", "decay_rate",
+__all__ = ["LossAwareRule", "THETA_KEY", "DEFAULT_ROLES", "check_weight_decay_options", "check_loss_options", "theta_init", "decay_rate",
            "is_decayed", "loss_free_of", "loss_start_field", "track_loss_start", "loss_factor", "LossAwareDecayState",
            "loss_aware_decay"]
 
@@ -212,13 +213,17 @@ def loss_aware_decay(inner: optax.GradientTransformation, learning_rate: Any, ra
         φ_t = clip((ℓ_0 / (ρ_free · ℓ̄_t))^p, 1, φ_max)       (1 with loss_power 0, or before a loss is given)
 
     u_t is `inner`'s update, η_t `learning_rate` (AdamW's: the decay is AdamW's, λ₀ p times the
-    step size, while the loss stays within ρ_free of its start). Pass the loss:
+    step size, while the loss stays within ρ_free of its start). With `learning_rate=None`, η_t is
+    each tensor's own step size inside a learned update that takes `lopt.rules.per_tensor`'s
+    interface (e.g. `lopt.Celo2LOpt`'s): λ₀ φ_t enters its bracket, Δp = −η (d + λ p), in the
+    architecture's own order of operations; `lopt.rules.loss_aware_decay(celo2.opt_fn(theta), None, 0.03)`. Pass the loss:
     `tx.update(grads, state, params, loss=loss)`. Example, AdamW with the decay `celo2_v9` deploys:
     `lopt.rules.loss_aware_decay(optax.adam(1e-3), 1e-3, 0.03, loss_free=3.0)`.
 
     Args:
       inner: any optax transform (it sees the same extra args); the wrapper's update needs `params`.
-      learning_rate: η, a float or an optax schedule of the update count t.
+      learning_rate: η, a float or an optax schedule of the update count t; None: each tensor's own
+        step size, `inner` a `lopt.rules.per_tensor.PerTensorTransform`.
       rate: λ₀ > 0.
       loss_power: p ≥ 0 (0: a fixed rate λ₀).
       loss_max: φ_max ≥ 1.
@@ -228,13 +233,20 @@ def loss_aware_decay(inner: optax.GradientTransformation, learning_rate: Any, ra
       weight_dimension_numbers: roles where inference should not decide (`lopt.param_roles.infer`).
 
     Returns:
-      An `optax.GradientTransformationExtraArgs` whose state is a `LossAwareDecayState`.
+      An `optax.GradientTransformationExtraArgs` whose state is a `LossAwareDecayState` (a
+      `PerTensorTransform` where `inner` is one).
+
+    Raises:
+      ValueError: a constant out of range, or `learning_rate=None` around a transform without the interface.
     """
     check_weight_decay_options(rate, False, 1.0, tuple(roles))
     check_loss_options(rate, loss_power, loss_max, loss_free, conv_loss_free)
     if rate == 0:
         raise ValueError("loss_aware_decay needs rate > 0 (without a decay, use the optimizer itself)")
     inner = optax.with_extra_args_support(inner)
+    if learning_rate is None and not per_tensor.supports(inner):
+        raise ValueError("loss_aware_decay(learning_rate=None) reads each tensor's step size inside a learned update "
+                         "(lopt.rules.per_tensor); this transform has none: pass its learning rate")
 
     def init_fn(params):
         zero = jnp.zeros((), jnp.float32)
@@ -242,10 +254,16 @@ def loss_aware_decay(inner: optax.GradientTransformation, learning_rate: Any, ra
                                    loss_state=ft.init_loss_state(), loss_start=zero)
 
     def update_fn(updates, state, params=None, **extra_args):
-        steps, inner_state = inner.update(updates, state.inner, params, **extra_args)
         loss = extra_args.get("loss")
         _, loss_state = ft.loss_features(loss, state.loss_state)
         start = track_loss_start(state.loss_start, state.loss_state, loss)
+        if learning_rate is None:  # inside the learned update, times each tensor's own η
+            rule = LossAwareRule(rate, start, loss_state[0], loss_power, loss_max, loss_free, conv_loss_free,
+                                 tuple(roles))
+            steps, inner_state = inner.update(updates, state.inner, params, **per_tensor.forward(inner, rule, extra_args))
+            return steps, LossAwareDecayState(inner=inner_state, count=state.count + 1, loss_state=loss_state,
+                                              loss_start=start)
+        steps, inner_state = inner.update(updates, state.inner, params, **per_tensor.forward(inner, None, extra_args))
         eta = learning_rate(state.count) if callable(learning_rate) else learning_rate
         leaves, treedef = jax.tree_util.tree_flatten(steps)
         out = []
@@ -261,4 +279,36 @@ def loss_aware_decay(inner: optax.GradientTransformation, learning_rate: Any, ra
         return treedef.unflatten(out), LossAwareDecayState(inner=inner_state, count=state.count + 1,
                                                            loss_state=loss_state, loss_start=start)
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return per_tensor.wrap(inner, init_fn, update_fn)
+
+
+class LossAwareRule(per_tensor.TensorRule):
+    """`loss_aware_decay`'s rate given to a learned update (`lopt.rules.per_tensor`): λ₀ φ_t on decayed roles.
+
+    Args:
+      rate: λ₀ > 0.
+      loss_start: float32 [] ℓ_0 (`track_loss_start`).
+      loss_ema: float32 [] ℓ̄_t, this step's loss EMA.
+      loss_power: p ≥ 0, as `loss_aware_decay`'s.
+      loss_max: φ_max ≥ 1.
+      loss_free: ρ_free > 0.
+      conv_loss_free: conv kernels' ρ_free (0: `loss_free`).
+      roles: the role kinds that decay.
+    """
+
+    def __init__(self, rate, loss_start, loss_ema, loss_power, loss_max, loss_free, conv_loss_free, roles):
+        self.rate, self.start, self.ema = rate, loss_start, loss_ema
+        self.power, self.max, self.free, self.conv_free, self.roles = loss_power, loss_max, loss_free, conv_loss_free, roles
+        self._lams = {}  # λ per ρ_free, computed once for each ρ_free the roles take
+
+    def decay(self, role):
+        """λ₀ φ_t(ρ_free of `role`) where `role`'s kind decays, else None (float32 [])."""
+        if not is_decayed(role, self.roles):
+            return None
+        free = loss_free_of(role, self.free, self.conv_free)
+        if free not in self._lams:
+            lam = jnp.asarray(self.rate, jnp.float32)
+            if self.power > 0:
+                lam = lam * loss_factor(self.start, self.ema, self.power, self.max, free)
+            self._lams[free] = lam
+        return self._lams[free]

@@ -269,15 +269,15 @@ def test_residual_is_the_mlp_of_rms_normalised_features(shape):
 
 
 def test_shipped_v3_loads_with_the_brake_and_v2_without():
-    """`lopt.pretrained.load` applies its deploy_options: normmlp_v3's brake (overshoot_gain 0.2) on top of
+    """`lopt.pretrained.load` applies its rule chain: normmlp_v3's brake (overshoot_gain 0.2) on top of
     the saved config (`load_learned_optimizer_by_name` keeps the config as meta-trained); normmlp_v2 as saved."""
     import lopt.pretrained as pre
     saved, _ = pre.load_learned_optimizer_by_name("normmlp_v3")
     deployed, _ = pre.deployed_learned_optimizer("normmlp_v3")
     assert saved.overshoot_gain == 0.0 and deployed.overshoot_gain == 0.2
     assert {k: v for k, v in deployed.config().items() if k != "overshoot_gain"} == saved.config()
-    assert pre.info("normmlp_v3")["deploy_options"] == {"overshoot_gain": 0.2}
-    assert pre.info("normmlp_v2")["deploy_options"] == {}
+    assert pre.info("normmlp_v3")["rules"] == [{"part": "overshoot_brake", "gain": 0.2, "threshold": 0.15}]
+    assert pre.info("normmlp_v3")["deploy_options"] == {} and pre.deploy_options("normmlp_v2") == {}
     params = {"w": jnp.ones((4, 3))}
     assert hasattr(pre.load("normmlp_v3", num_steps=10).init(params), "log_brake")
     assert isinstance(pre.load("normmlp_v2", num_steps=10).init(params), lopt.NormMLPLOptState)

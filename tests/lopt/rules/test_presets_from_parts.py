@@ -57,11 +57,39 @@ def _layout(lo):
 @pytest.mark.slow  # two NormMLPLOpt updates in one compiled scan
 def test_normmlp_v3_is_its_meta_trained_optimizer_inside_the_brake_part():
     meta_trained, theta = lopt.pretrained.load_learned_optimizer_by_name("normmlp_v3")
-    assert meta_trained.overshoot_gain == 0 and lopt.pretrained.deploy_options("normmlp_v3") == {"overshoot_gain": 0.2}
+    assert meta_trained.overshoot_gain == 0 and lopt.pretrained.deploy_options("normmlp_v3") == {
+        "overshoot_gain": 0.2, "overshoot_threshold": 0.15}
     rebuilt = overshoot_brake.overshoot_brake(_layout(meta_trained).opt_fn(theta, num_steps=STEPS), 0.2,
                                               meta_trained.overshoot_threshold)
     _, same = updates_side_by_side(lopt.pretrained.load("normmlp_v3", num_steps=STEPS), rebuilt, mlp())
     assert same
+
+
+def transformer():
+    k = jax.random.split(jax.random.key(2), 6)
+    d = 8
+    return {"Embed_0": {"embedding": jax.random.normal(k[0], (20, d))},
+            "MultiHeadDotProductAttention_0": {
+                "query": {"kernel": jax.random.normal(k[1], (d, 2, 4)) / 3.0, "bias": jnp.zeros((2, 4))},
+                "out": {"kernel": jax.random.normal(k[2], (2, 4, d)) / 3.0, "bias": jnp.zeros(d)}},
+            "LayerNorm_0": {"scale": jnp.ones(d), "bias": jnp.zeros(d)},
+            "Dense_0": {"kernel": jax.random.normal(k[3], (d, 4 * d)) / 3.0, "bias": jnp.zeros(4 * d)},
+            "Dense_1": {"kernel": jax.random.normal(k[4], (4 * d, d)) / 6.0, "bias": jnp.zeros(d)}}
+
+
+@pytest.mark.slow  # two Celo2LOpt updates in one compiled scan, three models, five names
+@pytest.mark.parametrize("name", ["celo2_v6", "celo2_v7", "celo2_v8", "celo2_v9", "normmlp_v3"])
+def test_load_from_the_rule_chain_is_the_architecture_with_rule_fields(name):
+    """`lopt.pretrained.load` (the architecture without rule fields inside its record's chain of parts) gives
+    the updates of the architecture that holds the same rules as fields (`deployed_learned_optimizer`,
+    today's path) over 200 steps: bit for bit where no step is rescaled outside the update (MLP,
+    transformer; normmlp_v3's brake everywhere), ≤ 1e-6 relative where conv_step_scaled multiplies the
+    step instead of the step sizes (celo2_v9 on a convnet)."""
+    lo, theta = lopt.pretrained.deployed_learned_optimizer(name)
+    fields = _layout(lo).opt_fn(theta, num_steps=STEPS)
+    for model, exact in ((mlp, True), (transformer, True), (convnet, name != "celo2_v9")):
+        rel, same = updates_side_by_side(fields, lopt.pretrained.load(name, num_steps=STEPS), model())
+        assert same if exact else rel.max() <= 1e-6, (name, model.__name__, rel.max())
 
 
 @pytest.mark.slow  # two Celo2LOpt updates in one compiled scan, twice
