@@ -46,7 +46,8 @@ setup(
         "torch": ["torch>=2.1"],
         # lopt.torch.hf: the optimizers in a Hugging Face Trainer.
         "hf": ["torch>=2.1"] + HF_REQUIRES,
-        # Everything the test suite needs, the docs build and the tutorials included.
-        "test": ["pytest>=7.4", "pytest-timeout>=2.2", "torch>=2.1"] + DOCS_REQUIRES + RAY_REQUIRES,
+        # Everything both test tiers need, the docs build and the tutorials included; pytest-cov prints
+        # each tier's line coverage, pytest-xdist runs the tests on every core (-n auto).
+        "test": ["pytest>=7.4", "pytest-timeout>=2.2", "pytest-cov>=5.0", "pytest-xdist>=3.5", "torch>=2.1"] + DOCS_REQUIRES + RAY_REQUIRES,
     },
 )

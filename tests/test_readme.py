@@ -10,10 +10,30 @@ def _read(*parts):
         return f.read()
 
 
-def test_ci_runs_the_readme_test_command():
-    ci_lines = [l for l in _read(".ci", "run").splitlines() if l.startswith("pip install")]
-    assert len(ci_lines) == 1
-    assert ci_lines[0] in _read("README.md").splitlines()
+def _test_commands(text):
+    """The test-tier commands of a file: lines that run pytest (the fast tier's starts with its install)."""
+    return [l for l in text.splitlines() if l.startswith(("pip install", "python -m pytest")) and "pytest" in l]
+
+
+def test_ci_runs_the_readme_test_commands_fast_tier_first():
+    """.ci/run runs README's two test commands, nothing else: the fast tier (installing the test extra), then the
+    slow tier; together they select every test, each invocation printing coverage (the second tier appending)."""
+    ci = _test_commands(_read(".ci", "run"))
+    readme = _read("README.md").splitlines()
+    assert len(ci) == 2 and all(c in readme for c in ci), ci
+    fast, slow = ci
+    assert fast.startswith('pip install -e ".[test]" && ') and readme.index(fast) < readme.index(slow)
+    assert '-m "multidevice and not slow"' in fast and '-m "slow and not multidevice"' in slow
+    assert '-m "multidevice and slow"' in slow
+    parts = [p.strip() for p in fast.split("&&")[1:] + slow.split("&&")]
+    assert parts[0].endswith(" --cov") and all(p.endswith(" --cov --cov-append") for p in parts[1:]), parts
+
+
+def test_the_default_pytest_run_is_the_fast_tier():
+    """pytest.ini's default selection is what the fast command's first invocation runs (no -m of its own)."""
+    assert 'addopts = -ra --durations=30 --dist loadgroup -m "not slow and not multidevice"' in _read("pytest.ini")
+    fast = _test_commands(_read(".ci", "run"))[0]
+    assert fast.split("&&")[1].strip() == "python -m pytest -n auto --cov"
 
 
 def test_readme_quickstart_command_points_at_real_files():

@@ -12,6 +12,9 @@ import pytest
 
 from tests.docs.conftest import source_files, tutorial_names
 
+# The slow tier: one site build with every tutorial executed (a few minutes), on one xdist worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("docs")]
+
 PACKAGES = ("lopt", "outer_trainers", "tasks", "tasks.datasets")
 
 

@@ -26,6 +26,8 @@ def test_tutorials_are_myst_notebooks():
         assert "assert" in code[-1].source, f"{name}: the last code cell must assert the tutorial's key result"
 
 
+@pytest.mark.slow  # the site build executes every tutorial: the slow tier, on the docs build's xdist worker
+@pytest.mark.xdist_group("docs")
 @pytest.mark.parametrize("name", NAMES)
 def test_tutorial_executes(built_site, name):
     """The tutorial's page shows the outputs of its run, and the run raised nothing."""

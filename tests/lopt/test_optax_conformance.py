@@ -8,17 +8,20 @@ with lopt's optimizers instead: ContribTest and AliasTest look optimizers up by 
 module functions (`_get_opt_factory`, `_get_opt`), which are patched to know lopt's names as well;
 ShardingTest takes the optimizer object itself. Nothing of optax's code is copied.
 
-Optimizers: every `lopt.pretrained.names()` as `lopt.pretrained.load(name, num_steps=N)`, and every
-architecture lopt defines (`tests.fixtures.builtin_architectures()`) at its default config with a fresh theta. Their
-factory takes `num_steps`, which the inject_hyperparams tests inject (so it is traced).
+Optimizers: one shipped name per distinct theta file (`lopt.pretrained.RECOMMENDED` for its own theta;
+names that share a theta differ only in deploy rules, tested in tests/lopt/rules and test_pretrained.py) as
+`lopt.pretrained.load(name, num_steps=N)`, and every architecture lopt defines
+(`tests.fixtures.builtin_architectures()`) at its default config with a fresh theta. Their factory takes
+`num_steps`, which the inject_hyperparams tests inject (so it is traced).
 
-Which optimizer meets which method here (CI time: each case compiles a learned update): every
+Which optimizer meets which method (each case compiles a learned update): in the fast tier every
 optimizer runs the extra-args contract (with its no-recompilation check) and abstract init; the
-recommended shipped optimizers (`lopt.pretrained.RECOMMENDED` and the cheap-on-CPU normmlp_v3) also run inject_hyperparams (num_steps
-injected, so traced), dtype preservation, MultiSteps and dtype stability for float16 and float64;
-`python -m pytest -m slow tests/lopt/test_optax_conformance.py` runs the listed methods on every
-optimizer, every dtype (skipped otherwise). ShardingTest's mesh cases need
-several devices: `XLA_FLAGS=--xla_force_host_platform_device_count=4 python -m pytest -m multidevice`.
+recommended shipped optimizers (`lopt.pretrained.RECOMMENDED` and the cheap-on-CPU normmlp_v3) also run
+inject_hyperparams (num_steps injected, so traced), dtype preservation, MultiSteps and dtype stability
+for float16 and float64. The slow tier (`python -m pytest -m "slow and not multidevice"
+tests/lopt/test_optax_conformance.py`) runs the listed methods on every optimizer, every dtype.
+ShardingTest's mesh cases need several devices:
+`XLA_FLAGS=--xla_force_host_platform_device_count=4 python -m pytest -m multidevice`.
 
 Inapplicable (not run; the reason each):
 """
@@ -47,7 +50,19 @@ else:
     os.environ["XLA_FLAGS"] = _FLAGS
 
 NUM_STEPS = 10
-SHIPPED = tuple(lopt.pretrained.names())
+
+
+def _one_name_per_theta() -> tuple:
+    """One shipped name per distinct theta file: RECOMMENDED for its own, else the latest name holding it.
+    Names that share a theta differ only in deploy rules, which tests/lopt/rules and test_pretrained check."""
+    by_theta = {}
+    for n in lopt.pretrained.names():
+        by_theta.setdefault(lopt.pretrained.info(n)["theta_sha256"], []).append(n)
+    return tuple(sorted(lopt.pretrained.RECOMMENDED if lopt.pretrained.RECOMMENDED in ns else max(ns)
+                        for ns in by_theta.values()))
+
+
+SHIPPED = _one_name_per_theta()
 ARCHITECTURES = tuple(builtin_architectures())
 ALL = tuple(f"pretrained:{n}" for n in SHIPPED) + tuple(f"arch:{a}" for a in ARCHITECTURES)
 RECOMMENDED = (f"pretrained:{lopt.pretrained.RECOMMENDED}", "pretrained:normmlp_v3")
@@ -95,11 +110,7 @@ def factory(name: str):
 
 @pytest.fixture
 def known_to_optax_tests(monkeypatch, request):
-    """optax's ContribTest and AliasTest look optimizers up by name: teach them lopt's names.
-    The cases marked slow run only when asked for (`-m slow`): CI's run leaves them out."""
-    if request.node.get_closest_marker("slow") and "slow" not in request.config.getoption("markexpr", "").replace(
-            "not slow", ""):
-        pytest.skip("the full product of optax's methods and lopt's optimizers: run it with -m slow")
+    """optax's ContribTest and AliasTest look optimizers up by name: teach them lopt's names."""
     if request.node.callspec.params.get("name") in NEEDS_LOSS:
         pytest.skip("its update requires loss=, which optax's tests do not pass (INAPPLICABLE)")
     by_contrib, by_alias = common_test._get_opt_factory, alias_test._get_opt

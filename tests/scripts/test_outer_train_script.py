@@ -203,6 +203,7 @@ RAY_ENV = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # a loopback-
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # with the other Ray runs, never beside a Ray cluster of theirs
 def test_ray_workers_give_the_local_runs_theta(tmp_path):
     """`train.num_workers = 2` with one estimator: each worker gets a copy; synchronous mode equals the local
     run of the same config with the estimator listed twice."""
@@ -279,6 +280,7 @@ def test_extend_trains_a_run_further_and_its_outer_schedule_may_follow(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ray")  # with the other Ray runs, never beside a Ray cluster of theirs
 def test_ray_workers_extend_a_run(tmp_path):
     cfg = tmp_path / "tiny.gin"
     cfg.write_text(TINY)

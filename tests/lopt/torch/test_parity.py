@@ -121,7 +121,12 @@ def test_every_architecture_matches_its_jax_transform(name):
     check_parity(learned_opt, theta)
 
 
-@pytest.mark.parametrize("name", lopt.pretrained.names())
+# The fast tier checks the recommended and the cheap-on-CPU names; every other shipped name is the slow tier.
+FAST_SHIPPED = (lopt.pretrained.RECOMMENDED, "normmlp_v3")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in FAST_SHIPPED else (pytest.mark.slow,))
+                                  for n in lopt.pretrained.names()])
 def test_every_shipped_optimizer_matches_its_jax_transform(name):
     """lt.optimizer(name) is lopt.pretrained.load(name): the deployed architecture (deploy_options applied)."""
     learned_opt, theta = lopt.pretrained.deployed_learned_optimizer(name)

@@ -6,6 +6,7 @@ import shutil
 
 import jax
 import numpy as np
+import pytest
 
 import lopt
 import outer_trainers as ot
@@ -14,6 +15,9 @@ from outer_trainers.runs.checkpoint_manager import CheckpointManager
 from outer_trainers.runs.run_checkpoints import theta_from_checkpoint
 from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import quadratic_run, quadratic_validation
+
+# The slow tier: Ray instances and clusters, on one xdist worker (they share the local Ray instance).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 TIMEOUT = 300
 WORKERS = RayWorkers(stall_timeout_s=TIMEOUT)

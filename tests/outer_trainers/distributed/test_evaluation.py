@@ -3,6 +3,7 @@ import functools
 
 import jax
 import numpy as np
+import pytest
 
 import outer_trainers as ot
 from outer_trainers.runs.checkpoint_files import read
@@ -11,6 +12,9 @@ from outer_trainers.distributed import EvalActor, RayWorkers, ray_outer_train
 from outer_trainers.distributed.learner_state import init_learner_state
 from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import quadratic_evaluator, quadratic_run
+
+# The slow tier: Ray instances and clusters, on one xdist worker (they share the local Ray instance).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
 
 TIMEOUT = 300
 WORKERS = RayWorkers(stall_timeout_s=TIMEOUT)

@@ -14,6 +14,9 @@ from outer_trainers.distributed import RayWorkers, ray_outer_train
 from tests.fixtures import metrics_lines
 from tests.outer_trainers.distributed.runs import quadratic_run
 
+# The slow tier: Ray instances and clusters, on one xdist worker (they share the local Ray instance).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
 TIMEOUT = 300
 WORKERS = RayWorkers(stall_timeout_s=TIMEOUT)
 

@@ -23,12 +23,16 @@ from tests.outer_trainers.distributed.runs import fails_on_workers, quadratic_ru
 
 TIMEOUT = 300  # generous: other engineers' tests share the 2 cores
 WORKERS = RayWorkers(stall_timeout_s=TIMEOUT)
+# The fast tier has one Ray run (sync mode equals the local loop, the distributed modules' core promise);
+# the other Ray runs are the slow tier. All share one xdist worker (one local Ray instance).
+RAY = pytest.mark.xdist_group("ray")
 
 
 def _theta(state):
     return {k: float(v) for k, v in jax.device_get(state.theta).items()}
 
 
+@RAY
 def test_sync_mode_equals_local_outer_train(ray_local, tmp_path):
     make = functools.partial(quadratic_run, num_estimators=3)
     learner, ests = make()
@@ -61,6 +65,8 @@ def test_sync_mode_equals_local_outer_train(ray_local, tmp_path):
     assert all(c > 0 for c in compiles[2]) and compiles[4] == compiles[2]
 
 
+@pytest.mark.slow
+@RAY
 def test_async_two_workers_reports_staleness(ray_local, tmp_path):
     make = functools.partial(quadratic_run, num_estimators=2)
     state = ray_outer_train(make, 6, num_workers=2, seed=0, progress=False, output_dir=str(tmp_path),
@@ -148,6 +154,8 @@ def test_async_staleness_is_measured_and_bounded():
     assert all(np.isfinite(v) for v in _theta(final).values())
 
 
+@pytest.mark.slow
+@RAY
 def test_resume_after_a_killed_learner(ray_local, tmp_path):
     """The learner dies after step 3 (an exception in its callback); rerunning resumes from its checkpoint."""
     make = functools.partial(quadratic_run, num_estimators=1)
@@ -182,6 +190,8 @@ def test_resume_after_a_killed_learner(ray_local, tmp_path):
     assert [line["step"] for line in metrics_lines(tmp_path)] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.slow
+@RAY
 def test_a_worker_that_cannot_build_the_run_fails_clearly(ray_local, tmp_path):
     make = functools.partial(fails_on_workers, os.getpid())
     with pytest.raises(RuntimeError, match="(?s)could not be built.*cannot be built here"):

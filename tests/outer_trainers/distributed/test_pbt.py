@@ -8,6 +8,9 @@ from ray import tune
 from outer_trainers.distributed import pbt_outer_train, pbt_reports
 from tests.outer_trainers.distributed.runs import pbt_run
 
+# The slow tier: Ray instances and clusters, on one xdist worker (they share the local Ray instance).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
 
 def test_pbt_exploits_a_better_trial(ray_local, tmp_path):
     kwargs = dict(param_space={"outer_lr": tune.grid_search([1e-4, 0.3]), "std": 0.05},

@@ -26,6 +26,9 @@ from ray.cluster_utils import Cluster
 
 from tests.fixtures import metrics_lines
 
+# The slow tier: Ray instances and clusters, on one xdist worker (they share the local Ray instance).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 TIMEOUT = 600
 # README's "Many machines" command, word for word (the test adds smaller settings after it)

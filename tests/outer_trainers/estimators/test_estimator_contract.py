@@ -62,8 +62,9 @@ ESTIMATORS = {
                     variants=({"unroll_length": 9}, {"unroll_length": 9, "loss_type": "last", "chunk_length": 2})),
 }
 NAMES = list(ESTIMATORS)
-GRADIENT_CASES = [pytest.param(name, options, id=f"{name}-{i}") for name, row in ESTIMATORS.items()
-                  for i, options in enumerate(row.variants)]
+# The ES rows' statistical checks (tens of replicates) are the slow tier; the backprop rows' exact checks are fast.
+GRADIENT_CASES = [pytest.param(name, options, id=f"{name}-{i}", marks=(pytest.mark.slow,) if row.stochastic else ())
+                  for name, row in ESTIMATORS.items() for i, options in enumerate(row.variants)]
 
 
 @pytest.fixture(scope="module")
