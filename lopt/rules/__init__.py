@@ -13,10 +13,12 @@
 - `overshoot_brake`: shrinks steps while gradients point back along the last one; `overshoot_brake.overshoot_brake`.
 - `scaled`: the wrapper the step-size rules share (`scale_updates`).
 
-A shipped optimizer's `deploy_options` (`lopt.pretrained`) set the same rules inside its
-architecture, where some act on a quantity inside the learned update (the learned step size η of
-each tensor, the learned residual of its direction); the weight-decay rule's λ can be meta-trained
-with the rest of theta.
+- `per_tensor`: how a rule outside a learned update reaches its per-tensor quantities (each tensor's
+  step size η, the learned residual): `loss_aware_decay(tx, None, ...)` and `growth_limited` around a
+  learned update act inside it, as its architecture would.
+
+A shipped optimizer's record lists its rules as a chain of these parts (`lopt.pretrained.rule_chain`);
+the weight-decay rule's λ can also be meta-trained with the rest of theta (Celo2LOpt's `wd_learned`).
 """
 from lopt.rules.conv_step import conv_step_scaled
 from lopt.rules.depth import depth_scaled
