@@ -194,7 +194,9 @@ def _version_gate_passes() -> bool:
 @pytest.mark.multidevice
 @pytest.mark.parametrize("method", ["test_state_sharding_type_init_match_update",
                                     "test_state_sharding_type_preserved_with_jit"])
-@pytest.mark.parametrize("name", RECOMMENDED + tuple(f"pretrained:{n}" for n in SHIPPED if f"pretrained:{n}" not in RECOMMENDED))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in RECOMMENDED else (pytest.mark.slow,))
+                                  for n in RECOMMENDED + tuple(f"pretrained:{n}" for n in SHIPPED
+                                                               if f"pretrained:{n}" not in RECOMMENDED)])
 def test_sharding_suite_explicit_mesh(monkeypatch, name, method):
     """ShardingTest's mesh cases, on the 4 simulated devices of the multidevice run (their (8,) mesh
     becomes (4,); the sharded axis, 8, divides by both) or on 8.

@@ -101,6 +101,7 @@ def test_no_recompile_on_four_devices(four_devices, compile_counter, make):
     C.assert_no_recompile(make(C.quadratic_step(), 8, C.TRUNC, num_devices=4), C.theta0(), compile_counter)
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_unbiased_on_four_devices(four_devices):
     ts, theta = C.quadratic_step(), C.theta0()
@@ -110,6 +111,7 @@ def test_unbiased_on_four_devices(four_devices):
     C.assert_unbiased(samples, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_resume_from_checkpoint_on_four_devices(four_devices, tmp_path):
     """A checkpointed TruncatedPESPMAP run resumed in a fresh outer_train call ends with exactly

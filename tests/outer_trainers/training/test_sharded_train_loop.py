@@ -124,6 +124,7 @@ def test_a_learned_optimizer_trains_split_over_four_devices_as_on_one(compile_co
     assert sharded.losses[-1] < sharded.losses[0]
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_a_split_run_checkpoints_whole_arrays_and_resumes_split_or_on_one_device(tmp_path):
     _need_four_devices()
