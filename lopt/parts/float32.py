@@ -2,8 +2,8 @@
 
 The convention of every lopt optimizer (docs/drop_in_optax.md): bfloat16 params keep bfloat16 updates
 and a float32 state, also inside `lax.scan`, where a bfloat16 state promoted by a float32
-hyper-parameter would change the carry's type. (`lopt.archs.learnable_hparams` holds the same
-wrapper for its optimizers; architecture modules share code only through `lopt.parts`.)
+hyper-parameter would change the carry's type.
+The learnable-hyper-parameter optimizers (`lopt.archs.learnable_hparams`, `learnable_decay`) use it.
 """
 from __future__ import annotations
 
