@@ -42,7 +42,13 @@ SHIPPED_FOR = {"NormMLPLOpt": "normmlp_v3", "Celo2LOpt": "celo2_v5"}
 DIFFERENTIATED = tuple(SHIPPED_FOR.get(name, name) for name in builtin_architectures())
 
 
-@pytest.mark.parametrize("name", DIFFERENTIATED)
+# Differentiating the largest updates takes minutes on 2 cores: those are the slow tier (the same check's code runs
+# fast on the others).
+SLOW_TO_DIFFERENTIATE = {"HyperLOpt", "AdafacMLPLOpt", "Celo", "CeloAdam", "celo2_v5", "normmlp_v3"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=(pytest.mark.slow,) if n in SLOW_TO_DIFFERENTIATE else ())
+                                  for n in DIFFERENTIATED])
 def test_derivatives_through_update_and_unrolls_are_finite(name):
     """d loss(p_1)/d p_0 and d loss(p_5)/d p_0 through the unroll, and d Σ update / d g at step 0
     (where the overshoot brake's cosine has no last step), are finite and not all zero."""

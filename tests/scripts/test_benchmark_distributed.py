@@ -1,9 +1,12 @@
 """Smoke test of scripts/benchmark_distributed.py: one tiny configuration, numbers that make sense."""
 import re
 
+import pytest
+
 import benchmark_distributed  # scripts/ is on sys.path via tests/conftest.py
 
 
+@pytest.mark.xdist_group("ray")  # it starts a local Ray instance: on the worker of the other Ray tests
 def test_benchmark_distributed_smoke(capsys):
     benchmark_distributed.main(["--problems", "a", "--workers", "1", "--steps", "2", "--warmup", "1"])
     out = capsys.readouterr().out

@@ -115,6 +115,7 @@ def test_tiny_task_list_writes_every_file_with_tuned_baselines(evaluate_script, 
     assert list(_strict_json(out / "results.json")["tasks"]) == ["quadratic_dim4"]
 
 
+@pytest.mark.slow
 def test_smoke_suite_brings_its_own_steps_and_seeds(evaluate_script, tmp_path):
     from tasks import suites
     out = tmp_path / "suite"
@@ -137,6 +138,7 @@ def test_smoke_suite_brings_its_own_steps_and_seeds(evaluate_script, tmp_path):
     assert "| learned vs adam | 3 |" in (out / "results.md").read_text()
 
 
+@pytest.mark.slow
 def test_muon_is_a_baseline_and_plots_can_be_left_out(evaluate_script, tmp_path):
     out = tmp_path / "m"
     task = "ImageMLPFamily(hidden_sizes=(8,), batch_size=16)"

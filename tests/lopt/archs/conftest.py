@@ -3,13 +3,14 @@
 The contract of test_architectures.py runs every check on every architecture. Its most expensive checks
 (gradients through a 10-step unroll, vmap over theta, block-size equivalences, the donated step, save/load,
 optax chains) compile the whole update several times; for the architectures with the largest updates
-(AdafacMLPLOpt, Celo2LOpt, HyperLOpt: minutes on 2 cores together) they are the slow tier. Their cheaper
+(AdafacMLPLOpt, Celo2LOpt, HyperLOpt, NormMLPLOpt, RNNMLPLOpt: minutes on 2 cores together) they are
+the slow tier. Their cheaper
 checks (shapes, dtypes, refusals) and every check on the other architectures stay in the fast tier, so
-every check's code runs there, and each of these three has its own fast test module as well.
+every check's code and every architecture's module run there.
 """
 import pytest
 
-HEAVY_ARCHS = {"AdafacMLPLOpt", "Celo2LOpt", "HyperLOpt"}
+HEAVY_ARCHS = {"AdafacMLPLOpt", "Celo2LOpt", "HyperLOpt", "NormMLPLOpt", "RNNMLPLOpt"}
 HEAVY_CHECKS = {"test_grad_through_10_step_unroll_with_traced_num_steps", "test_vmap_over_theta",
                 "test_blockwise_sums_do_not_change_updates", "test_accelerator_blocks_do_not_change_updates",
                 "test_donated_train_step_updates_the_state_in_place", "test_save_load_same_updates",

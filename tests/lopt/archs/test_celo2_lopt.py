@@ -154,6 +154,7 @@ def test_cosine_schedule_scales_both_step_sizes_and_leaves_celo2_v1_configs_unch
     assert float(schedule.prior_schedule("cosine", jnp.asarray(n), n)) == 0.0
 
 
+@pytest.mark.slow  # the horizon/depth rules also have fast tests in tests/lopt/rules
 def test_horizon_factor_scales_steps_past_the_reference_only():
     """horizon_reference N_ref: a run of N ≤ N_ref steps is the same as without it (bit for bit);
     past N_ref every step is (N_ref/N)^α of it, on both paths; the default stays out of config()."""
@@ -179,6 +180,7 @@ def test_horizon_factor_scales_steps_past_the_reference_only():
         lopt.Celo2LOpt(horizon_reference=10, residual_horizon_power=-1.0)
 
 
+@pytest.mark.slow  # the horizon/depth rules also have fast tests in tests/lopt/rules
 def test_residual_horizon_power_scales_the_learned_residual_past_the_reference():
     """residual_horizon_power β: past N_ref the update is the one whose theta has the MLP's output layer
     times (N_ref/N)^β (the residual is linear in it); up to N_ref it is the update without the option."""
@@ -236,6 +238,7 @@ def _deep_params(depth):
             for i, k in enumerate(ks)}
 
 
+@pytest.mark.slow  # the horizon/depth rules also have fast tests in tests/lopt/rules
 def test_depth_factor_scales_matrix_steps_of_deeper_models_only():
     """depth_reference D_ref, depth_power γ: a model of D ≤ D_ref orthogonalized tensors steps as
     without the option (bit for bit); with D = 6 > D_ref = 3 every matrix step is (3/6)^γ of it and

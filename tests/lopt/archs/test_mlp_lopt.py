@@ -99,7 +99,7 @@ def test_block_size_changes_speed_not_the_update():
     chex.assert_trees_all_close(outs[0], outs[2], rtol=1e-5, atol=1e-9)
 
 
-@pytest.mark.parametrize("theta_per_model", ["own", "broadcast"])
+@pytest.mark.parametrize("theta_per_model", [pytest.param("own", marks=pytest.mark.slow), "broadcast"])  # own: slow tier
 def test_vmapped_update_multiplies_untransposed_weights(theta_per_model):
     """Vmapped over models that each have a theta (meta-training's particles, each with its own
     perturbed theta; or one theta broadcast to every model, as the evaluation trainer does), the
