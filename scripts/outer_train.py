@@ -9,7 +9,7 @@ What is meta-trained and for how long are the bindings of `train` (`train.task_f
 `train.num_workers`, ...); everything else is a settings group with bindings of its own:
 
     MetaEval.every = 100                 periodic meta-evaluation (every, tasks, num_tasks, num_steps, seed)
-    Comparison.num_tasks = 8             the final comparison with tuned Adam (num_tasks, num_steps, adam_lrs)
+    Comparison.num_tasks = 8             the final comparison with tuned Adam (num_tasks, num_steps, adam_lrs, adam_schedule)
     Validation.every = 250               theta_best on validation tasks (every, suite, tasks, num_steps, ...)
     CheckpointPolicy.every_steps = 100   checkpoints (every_steps, every_seconds, keep, permanent_every, ...)
     Reporting.log_every = 10             progress, log_every, tensorboard, max_consecutive_dropped

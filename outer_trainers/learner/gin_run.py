@@ -216,7 +216,7 @@ def train(output_dir: str, *, task_family: TaskFamily = gin.REQUIRED, learned_op
     The settings besides these arguments are groups built from their gin bindings (`configured`):
 
       MetaEval          periodic meta-evaluation: every, tasks, num_tasks, num_steps, seed
-      Comparison        the final comparison with tuned Adam: num_tasks, num_steps, adam_lrs
+      Comparison        the final comparison with tuned Adam: num_tasks, num_steps, adam_lrs, adam_schedule
       Validation        theta_best on validation tasks: every, suite, tasks, num_steps, num_seeds, baseline,
                         lrs, max_extensions
       CheckpointPolicy  every_steps, every_seconds (default 600), keep, checkpoints_at, permanent_every,

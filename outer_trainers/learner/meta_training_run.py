@@ -312,8 +312,8 @@ def compare_with_adam(task_family: TaskFamily, learned_opt: LearnedOptimizer, th
       learned_opt: the learned optimizer meta-trained.
       theta: its meta-trained parameters (a run's `final_theta`).
       output_dir: where `COMPARISON_FILE` goes.
-      settings: the held-out tasks (the protocol's seeds), inner steps of each run and Adam's learning-rate
-        grid (extended past an edge holding the best rate).
+      settings: the held-out tasks (the protocol's seeds), inner steps of each run, Adam's learning-rate
+        grid (extended past an edge holding the best rate) and its schedule over those steps.
       seed: the run's seed.
 
     Returns:
@@ -322,7 +322,8 @@ def compare_with_adam(task_family: TaskFamily, learned_opt: LearnedOptimizer, th
     num_tasks, num_steps = settings.num_tasks, settings.num_steps
     results = ot.compare_optimizers(
         task_family, lambda th: learned_opt.opt_fn(th, num_steps=num_steps), theta, num_tasks=num_tasks,
-        num_steps=num_steps, key=jax.random.key(seed + COMPARISON_SEED_OFFSET), adam_lrs=settings.adam_lrs)
+        num_steps=num_steps, key=jax.random.key(seed + COMPARISON_SEED_OFFSET), adam_lrs=settings.adam_lrs,
+        adam_schedule=settings.adam_schedule)
     table = ot.format_comparison(results, num_steps)
     title = f"Held-out {task_family.name} tasks ({num_tasks} tasks, same inner steps)"
     print(f"\n{title}\n{table}")

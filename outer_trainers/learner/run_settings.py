@@ -1,7 +1,7 @@
 """The settings of a meta-training run besides what it trains, one frozen dataclass per concern.
 
     MetaEval(every=100, num_tasks=4)            periodic meta-evaluation of theta on held-out tasks
-    Comparison(num_tasks=8, num_steps=300)      the final comparison with tuned Adam
+    Comparison(num_tasks=8, num_steps=300)      the final comparison with tuned, scheduled Adam
     Validation(every=250, suite="smoke")        theta_best: theta scored on validation tasks
     Reporting(progress="auto", log_every=10)    progress display, metrics, the divergence stop
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Sequence, Union
 
+from outer_trainers.evaluation.baselines.schedules import check_schedule
 from outer_trainers.runs.reporting import DEFAULT_MAX_CONSECUTIVE_DROPPED
 from outer_trainers.runs.summaries import PROGRESS_MODES
 from outer_trainers.validation import check_int, check_optional_int
@@ -62,14 +63,19 @@ class Comparison:
     Attributes:
       num_tasks: held-out tasks (0: no comparison).
       num_steps: inner steps of each comparison run.
-      adam_lrs: Adam's learning-rate grid (extended past an edge holding the best rate).
+      adam_lrs: Adam's (peak) learning-rate grid (extended past an edge holding the best rate).
+      adam_schedule: Adam's schedule over the `num_steps` (`evaluation.baselines.schedules`): "cosine"
+        (the default: linear warm-up over 5 % of the steps, then cosine decay to 0, as the field runs its
+        baselines), "linear" or "constant".
     """
     num_tasks: int = 0
     num_steps: int = 200
     adam_lrs: Sequence[float] = DEFAULT_ADAM_LRS
+    adam_schedule: str = "cosine"
 
     def __post_init__(self):
         object.__setattr__(self, "adam_lrs", tuple(float(x) for x in self.adam_lrs))
+        check_schedule(self.adam_schedule, "Comparison.adam_schedule")
         if self.num_tasks < 0:
             raise ValueError(f"Comparison.num_tasks must be >= 0 (0: no comparison with Adam), got {self.num_tasks}")
         if self.num_tasks > 0 and (self.num_steps < 1 or not self.adam_lrs):

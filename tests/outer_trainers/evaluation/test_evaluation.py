@@ -100,6 +100,51 @@ def test_compare_optimizers_names_no_best_adam_when_every_lr_diverged(monkeypatc
     assert "still on the high edge" in ot.format_comparison(res, 10)  # the fake grid was not extended
 
 
+def test_compare_optimizers_schedules_adam_over_the_budget_and_says_so(monkeypatch):
+    """Adam's step at count t is the peak rate times optax's warm-up + cosine schedule over num_steps."""
+    num_steps, captured = 20, {}
+    learned = {"optimizer": "learned", "learning_rate": float("nan"), "losses": np.ones((2, num_steps)),
+               "evals": np.ones(2), "valids": np.ones(2)}
+
+    def tune(family, name, make_tx, lrs, *args, **kwargs):
+        captured["make_tx"] = make_tx
+        return [{"optimizer": "adam", "learning_rate": lr, "losses": np.full((2, num_steps), v), "evals": np.ones(2),
+                 "valids": np.full(2, v)} for lr, v in zip(lrs, (3.0, 1.0, 2.0))]
+    monkeypatch.setattr(comparison, "run_fixed", lambda *a, **k: learned)
+    monkeypatch.setattr(comparison, "tune_learning_rate", tune)
+    res = ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, num_tasks=2, num_steps=num_steps,
+                                key=jax.random.key(0), adam_lrs=(1e-3, 1e-2, 1e-1), min_grid_points=3,
+                                adam_schedule="cosine")
+    assert res["best_adam"] == "adam:cosine(lr=0.01)" and "adam:cosine(lr=0.001)" in res
+    assert res["protocol"]["adam_schedule"] == "cosine" and res["protocol"]["warmup_steps"] == 1  # round(5% of 20)
+    # a constant gradient of 1: Adam's direction is 1, so each update is minus the scheduled rate
+    tx, params = captured["make_tx"](jnp.float32(0.1)), jnp.zeros(3)
+    state, steps = tx.init(params), []
+    for _ in range(num_steps):
+        updates, state = tx.update(jnp.ones(3), state, params)
+        steps.append(float(-updates[0]))
+    expected = optax.warmup_cosine_decay_schedule(0.0, 0.1, 1, num_steps, end_value=0.0)
+    np.testing.assert_allclose(steps, [float(expected(t)) for t in range(num_steps)], rtol=1e-4, atol=1e-9)
+    assert steps[0] == 0.0 and steps[1] == pytest.approx(0.1, rel=1e-4) and steps[-1] < 1e-3
+    table = ot.format_comparison(res, num_steps)
+    assert table.startswith("Adam: a linear warm-up from 0 over 1 steps, then cosine decay to 0 at step 20;")
+    assert "| adam:cosine(lr=0.01) (best Adam) |" in table
+    constant = _fake(monkeypatch, (0.5, 0.2))  # the default: a constant rate, the rows named as before
+    assert constant["best_adam"] == "adam(lr=0.01)" and constant["protocol"]["warmup_steps"] == 0
+    assert ot.format_comparison(constant, 10).startswith("Adam: a constant rate over the 10 steps;")
+    with pytest.raises(ValueError, match="compare_optimizers: adam_schedule: unknown schedule 'cosin'"):
+        ot.compare_optimizers(tasks.QuadraticFamily(dim=2), optax.sgd, 0.1, num_tasks=2, num_steps=10,
+                              key=jax.random.key(0), adam_schedule="cosin")
+
+
+def test_the_comparison_setting_schedules_adam_by_default_and_checks_the_schedule():
+    from outer_trainers.learner.run_settings import Comparison
+    assert Comparison().adam_schedule == "cosine"
+    assert Comparison(num_tasks=2, adam_schedule="constant").adam_schedule == "constant"
+    with pytest.raises(ValueError, match="Comparison.adam_schedule: unknown schedule 'warmup'"):
+        Comparison(num_tasks=2, adam_schedule="warmup")
+
+
 @pytest.mark.parametrize("kwargs, what", [
     (dict(num_steps=0), "compare_optimizers: num_steps must be an integer >= 1, got 0"),
     (dict(num_tasks=0), "compare_optimizers: num_tasks must be an integer >= 1, got 0"),
