@@ -7,9 +7,17 @@
         --task "ImageMLPFamily(hidden_sizes=(32,))" --num_steps 500 --num_seeds 3 --output_dir eval/
 
 `--optimizer` (repeatable; `--theta PATH` is the same as `--optimizer PATH`) is a theta file
-(`lopt.save_theta`), `pretrained:NAME` (`lopt.pretrained.load(NAME, num_steps=...)`) or a
-baseline spec (then it is tuned like a baseline, below). A learned optimizer is told
-each task's step budget and is not tuned. A suite (`tasks.suites`, e.g. heldout-cpu, smoke) fixes
+(`lopt.save_theta`), `pretrained:NAME` (`lopt.pretrained.load(NAME, num_steps=...)`), an ablation of
+a shipped optimizer, or a baseline spec (then it is tuned like a baseline, below). A learned
+optimizer is told each task's step budget and is not tuned. The ablations (docs/evaluation.md,
+outer_trainers.evaluation.ablations; the rule chain is the record's, lopt.pretrained.info(NAME)["rules"]):
+
+    pretrained:NAME-PART     NAME with the part PART of its rule chain switched off (pretrained:celo2_v9-growth_limited)
+    pretrained:NAME-rules    NAME's theta alone, no rule around it
+    untrained:NAME[#SEED]    NAME's architecture and rules with an untrained theta (init at jax.random.key(SEED), 0)
+    rules:NAME@BASELINE      NAME's rules around a baseline spec (rules:celo2_v9@adamw), tuned like that baseline
+
+A suite (`tasks.suites`, e.g. heldout-cpu, smoke) fixes
 the tasks, their step budgets, seeds and eval split; `--task` (a gin-style constructor call of a
 public tasks class; a family draws one task per seed) takes `--num_steps` and `--num_seeds`.
 
@@ -136,14 +144,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--output_dir", required=True, help="where the result files go")
     p.add_argument("--suite", help=f"an evaluation suite of tasks.suites: {', '.join(suites.names())}")
     p.add_argument("--optimizer", action="append", default=[],
-                   help="a theta file, an outer_train checkpoint file, pretrained:NAME, or a baseline spec NAME[:SCHEDULE] "
-                        f"(NAME of {', '.join(evaluation.baseline_names())}; SCHEDULE of "
+                   help="a theta file, an outer_train checkpoint file, pretrained:NAME, an ablation (pretrained:NAME-PART, "
+                        "pretrained:NAME-rules, untrained:NAME[#SEED], rules:NAME@BASELINE), or a baseline spec "
+                        f"NAME[:SCHEDULE] (NAME of {', '.join(evaluation.baseline_names())}; SCHEDULE of "
                         f"{', '.join(evaluation.SCHEDULE_CHOICES)}; e.g. adamw:cosine); repeatable")
     p.add_argument("--theta", help="a theta_final.msgpack (the same as --optimizer PATH)")
     p.add_argument("--baselines", help=f"comma-separated baselines: tuned ones, NAME[:SCHEDULE] with NAME of "
                                        f"{', '.join(evaluation.baseline_names())} and SCHEDULE of "
-                                       f"{', '.join(evaluation.SCHEDULE_CHOICES)} (bare NAME: constant; e.g. adamw:cosine), "
-                                       f"and untuned published learned optimizers, published:NAME (e.g. published:celo_adam) "
+                                       f"{', '.join(evaluation.SCHEDULE_CHOICES)} (bare NAME: constant; e.g. adamw:cosine) "
+                                       f"or a shipped optimizer's rules on one, rules:NAME@BASELINE (e.g. rules:celo2_v9@adamw), "
+                                       f"and untuned learned ones: published:NAME (e.g. published:celo_adam) and ablations "
+                                       f"(pretrained:NAME-PART, untrained:NAME) "
                                        f"(default {','.join(evaluation.DEFAULT_BASELINES)}; '' for none)")
     p.add_argument("--task", action="append", default=[], help="e.g. 'QuadraticFamily(dim=4)' (repeatable)")
     p.add_argument("--num_steps", type=int, help="steps per run of --task tasks (sets evaluate.num_steps)")

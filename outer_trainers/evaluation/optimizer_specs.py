@@ -13,9 +13,14 @@ adam,published:celo_adam`): it runs once per task and every optimizer is scored 
 (lopt.published.load takes no rate, so a published optimizer runs with its authors' own step sizes,
 never on a schedule of ours).
 
-A baseline spec is NAME or NAME:SCHEDULE ("adam", "adamw:cosine", "muon:tuned"): `baselines.specs`
-(`parse_baseline`, `is_tuned_baseline`, `SCHEDULE_CHOICES` and `TUNED`, re-exported here) says what
-each names.
+A baseline spec is NAME or NAME:SCHEDULE ("adam", "adamw:cosine", "muon:tuned"), or a shipped
+optimizer's rules on one ("rules:celo2_v9@adamw"): `baselines.specs` (`parse_baseline`,
+`is_tuned_baseline`, `SCHEDULE_CHOICES` and `TUNED`, re-exported here) says what each names.
+
+A learned ablation ("pretrained:NAME-PART", "pretrained:NAME-rules", "untrained:NAME[#SEED]": a
+shipped optimizer with parts of its rule chain left out, or with an untrained theta; `ablations`) runs
+as a learned optimizer does: told each task's step budget, never tuned. It is also an untuned
+baseline (`--baselines adamw:tuned,pretrained:celo2_v9-rules`).
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
+from outer_trainers.evaluation.ablations import UNTRAINED, ablated_theta, ablation_tx, is_ablation, parse_ablation
 from outer_trainers.evaluation.baselines.specs import SCHEDULE_CHOICES, TUNED, is_tuned_baseline, parse_baseline
 from outer_trainers.evaluation.task_trainer import VALID_SPLIT, run_fixed
 from outer_trainers.evaluation.tuning import baseline_names
@@ -33,9 +39,12 @@ from tasks.base import TaskFamily
 
 PRETRAINED = "pretrained:"
 PUBLISHED = "published:"
+
+
 def is_untuned_baseline(spec: str) -> bool:
-    """Whether a baseline spec is an untuned learned one ("published:NAME"), run as it is rather than tuned."""
-    return isinstance(spec, str) and spec.startswith(PUBLISHED)
+    """Whether a baseline spec is an untuned learned one ("published:NAME", or a learned ablation:
+    `ablations.is_ablation`), run as it is rather than tuned."""
+    return isinstance(spec, str) and (spec.startswith(PUBLISHED) or is_ablation(spec))
 
 
 def untuned_baseline_names() -> list[str]:
@@ -48,19 +57,29 @@ def resolve_optimizer(spec: str, label: str) -> dict:
     """What an optimizer spec names, loaded and checked.
 
     Args:
-      spec: a baseline spec (`parse_baseline`), "pretrained:NAME", "published:NAME", a theta file path or an
-        outer_train checkpoint file.
+      spec: a baseline spec (`parse_baseline`), "pretrained:NAME", "published:NAME", a learned ablation
+        (`ablations`: "pretrained:NAME-PART", "untrained:NAME"), a theta file path or an outer_train
+        checkpoint file.
       label: the optimizer's name in the results.
 
     Returns:
-      `{"label", "spec", "kind": "baseline" | "pretrained" | "published" | "theta", ...}` with the
-      learned optimizer and theta for a theta file ("learned_opt", "theta"), the name and the
-      `lopt.pretrained` / `lopt.published` module for "pretrained:" / "published:" ("name", "module").
+      `{"label", "spec", "kind": "baseline" | "pretrained" | "published" | "ablation" | "theta", ...}` with
+      the learned optimizer and theta for a theta file and an ablation ("learned_opt", "theta"; and
+      "ablation", the `ablations.Ablation`), the name and the `lopt.pretrained` / `lopt.published`
+      module for "pretrained:" / "published:" ("name", "module").
 
     Raises:
       ValueError: an unknown pretrained name (or lopt.pretrained without `load`), a baseline with an unknown
-        schedule, or an unreadable theta file.
+        schedule, an ablation of a part its name's chain lacks, or an unreadable theta file.
     """
+    if is_ablation(spec):
+        try:
+            ablation = parse_ablation(spec)
+            learned_opt, theta = ablated_theta(ablation)
+        except ValueError as e:
+            raise ValueError(f"evaluate: {e}") from None
+        return {"label": label, "spec": spec, "kind": "ablation", "ablation": ablation, "learned_opt": learned_opt,
+                "theta": theta}
     if is_tuned_baseline(spec):
         try:
             parse_baseline(spec)
@@ -101,7 +120,7 @@ def resolve_optimizer(spec: str, label: str) -> dict:
 def optimizer_labels(specs: Sequence[str]) -> list[str]:
     """The names of the optimizers in the results, one per spec.
 
-    A baseline keeps its name, "pretrained:NAME" and "published:NAME" too; a single theta or checkpoint file is
+    A baseline keeps its name, "pretrained:NAME", "published:NAME" and an ablation too; a single theta or checkpoint file is
     "learned", several are their file stems; a name taken already gets "_i" appended (i its index).
 
     Args:
@@ -110,7 +129,7 @@ def optimizer_labels(specs: Sequence[str]) -> list[str]:
     Returns:
       the labels, unique, in the order of `specs`.
     """
-    files = [s for s in specs if not is_tuned_baseline(s) and not s.startswith((PRETRAINED, PUBLISHED))]
+    files = [s for s in specs if not is_tuned_baseline(s) and not s.startswith((PRETRAINED, PUBLISHED, UNTRAINED))]
     labels = []
     for s in specs:
         if s in files:
@@ -125,12 +144,15 @@ def learned_tx(opt: dict, num_steps: int) -> tuple[Any, Any]:
     """A learned optimizer's `(make_tx, tx_args)`, told `num_steps` (see `run_learned`).
 
     Args:
-      opt: a `resolve_optimizer` result of kind "theta", "pretrained" or "published".
+      opt: a `resolve_optimizer` result of kind "theta", "ablation", "pretrained" or "published".
       num_steps: the horizon it is told.
 
     Returns:
-      (tx_args -> optax transform, tx_args): theta for a theta file, a placeholder otherwise.
+      (tx_args -> optax transform, tx_args): theta for a theta file and an ablation, a placeholder otherwise.
     """
+    if opt["kind"] == "ablation":
+        ablation, lo = opt["ablation"], opt["learned_opt"]
+        return (lambda th: ablation_tx(ablation, num_steps, learned_opt=lo, theta=th)), opt["theta"]
     if opt["kind"] == "theta":
         lo = opt["learned_opt"]
         return (lambda th: lo.opt_fn(th, num_steps=num_steps)), opt["theta"]
@@ -142,12 +164,13 @@ def run_learned(opt: dict, family: TaskFamily, num_steps: int, cfgs: Any, run_ke
                 eval_split: str, sequential: bool, valid_split: str = VALID_SPLIT, valid_points: int = 1) -> dict:
     """Trains every seed with a learned optimizer (a theta file, a pretrained or a published one), told `num_steps`.
 
-    The optimizer is `learned_opt.opt_fn(theta, num_steps=num_steps)` for a theta file and
+    The optimizer is `learned_opt.opt_fn(theta, num_steps=num_steps)` for a theta file, `ablations.ablation_tx`
+    for an ablation, and
     `lopt.pretrained.load` / `lopt.published.load(name, num_steps=num_steps)` for a pretrained /
     published one: the horizon a user would give it for a run of `num_steps` steps.
 
     Args:
-      opt: a `resolve_optimizer` result of kind "theta", "pretrained" or "published".
+      opt: a `resolve_optimizer` result of kind "theta", "ablation", "pretrained" or "published".
       family: the task family `cfgs` were drawn from.
       num_steps: training steps per run, also the optimizer's horizon.
       cfgs: S task cfgs.

@@ -45,7 +45,7 @@ import numpy as np
 
 from outer_trainers.evaluation.aggregate import performance_profile, summarize
 from outer_trainers.evaluation.curves import plot_curves, plot_performance_profile, save_curves
-from outer_trainers.evaluation.baselines import BaselineTuning, schedule_index, scheduled_baseline, tune_spec
+from outer_trainers.evaluation.baselines import BaselineTuning, baseline_setup, schedule_index, tune_spec
 from outer_trainers.evaluation.optimizer_specs import (is_tuned_baseline, is_untuned_baseline, learned_tx,
                                                         optimizer_labels, parse_baseline, resolve_optimizer,
                                                         run_learned)
@@ -148,9 +148,7 @@ def run_task(family: TaskFamily, num_steps: int, seeds: Sequence[int], optimizer
                             **common)
             if time_steps:
                 best = best_runs(own, select_by)[label]
-                base, _ = parse_baseline(name)
-                make_tx = scheduled_baseline(base, num_steps, momentum=tuning.momentum,
-                                             warmup_fraction=tuning.warmup_fraction)
+                make_tx, _, _ = baseline_setup(name, tuning, num_steps)
                 f32 = lambda x, dt=jax.numpy.float32: jax.numpy.asarray(x, dt)
                 timed(own, make_tx, {"learning_rate": f32(best["learning_rate"]),
                                      "weight_decay": f32(best["weight_decay"]),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, NamedTuple, Optional, Sequence
 
+from outer_trainers.evaluation.ablations import is_ablation, parse_ablation
 from outer_trainers.evaluation.baselines.specs import SCHEDULE_CHOICES, parse_baseline
 from outer_trainers.evaluation.optimizer_specs import PUBLISHED, untuned_baseline_names
 from outer_trainers.evaluation.tuning import baseline_names, check_learning_rates
@@ -53,7 +54,8 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
       tasks: Tasks or TaskFamilies (at least one without a suite; none with one).
       num_steps: training steps per run of `tasks` (>= 1).
       num_seeds: task draws per task of `tasks` (>= 1).
-      baselines: baseline specs (each known: a tuned NAME[:SCHEDULE], or an untuned "published:NAME").
+      baselines: baseline specs (each known: a tuned NAME[:SCHEDULE] or rules:NAME@BASELINE, or an untuned
+        "published:NAME" or learned ablation, `ablations`).
       grids: {baseline: its learning-rate grid} (each used one non-empty, finite, > 0).
       momentum: SGD's momentum, in [0, 1).
       eval_split: a split of every task's data.
@@ -76,13 +78,14 @@ def check_arguments(output_dir: str, optimizers: Sequence[str], suite: Optional[
         if b in untuned:
             continue
         try:
-            parse_baseline(b)
+            parse_ablation(b) if is_ablation(b) else parse_baseline(b)
         except ValueError as e:
             bad[b] = f"no published optimizer {b!r}" if str(b).startswith(PUBLISHED) else str(e)
     if bad:
         raise ValueError(f"evaluate: unknown baselines {list(bad)} (--baselines): {'; '.join(bad.values())}; "
                          f"tuned baselines are NAME or NAME:SCHEDULE (NAME of {baseline_names()}, SCHEDULE of "
-                         f"{list(SCHEDULE_CHOICES)}), untuned ones {untuned}")
+                         f"{list(SCHEDULE_CHOICES)}) or rules:NAME@BASELINE, untuned ones {untuned} and learned "
+                         f"ablations pretrained:NAME-PART, untrained:NAME")
     for name, grid in grids.items():
         check_learning_rates(grid, f"evaluate: {name}_lrs")
     if not 0.0 <= momentum < 1.0:

@@ -152,12 +152,32 @@ def scheduled_baseline(name: str, num_steps: int, *, momentum: float = 0.9,
 
     def make_tx(args):
         rate = scheduled_rate(args["schedule"], args["learning_rate"], num_steps, warmup_fraction)
-        if name == "adam":
-            return optax.adam(rate)
-        if name == "adamw":
-            return optax.adamw(rate, weight_decay=args["weight_decay"])
-        if name == "muon":
-            return optax_contrib.muon(rate, weight_decay=args["weight_decay"],
-                                      muon_weight_dimension_numbers=muon_dimension_numbers)
-        return optax.sgd(rate, momentum=momentum)
+        return baseline_transform(name, rate, args["weight_decay"], momentum=momentum)
     return make_tx
+
+
+def baseline_transform(name: str, learning_rate: Any, weight_decay: Any, *,
+                       momentum: float = 0.9) -> optax.GradientTransformation:
+    """A baseline's optax transform at a given rate (a float, traced scalar or optax schedule) and decay.
+
+    Args:
+      name: "adam" (optax.adam), "adamw" (optax.adamw), "muon" (optax.contrib.muon, routed by
+        `tuning.muon_dimension_numbers`) or "sgdm" (optax.sgd with `momentum`).
+      learning_rate: the rate or schedule.
+      weight_decay: the decoupled decay (times the rate, as optax does) of AdamW and Muon; Adam and SGD
+        ignore it.
+      momentum: SGD's momentum.
+
+    Returns:
+      the optax transform.
+    """
+    if name == "adam":
+        return optax.adam(learning_rate)
+    if name == "adamw":
+        return optax.adamw(learning_rate, weight_decay=weight_decay)
+    if name == "muon":
+        return optax_contrib.muon(learning_rate, weight_decay=weight_decay,
+                                  muon_weight_dimension_numbers=muon_dimension_numbers)
+    if name == "sgdm":
+        return optax.sgd(learning_rate, momentum=momentum)
+    raise ValueError(f"unknown baseline {name!r}; the baselines are {baseline_names()}")

@@ -13,6 +13,9 @@ baseline and its schedule; `tune_spec` tunes it by `grid_search.tune_baseline`'s
 
 with the schedules' warm-up over `warmup_fraction` of the task's step budget (`schedules`). The same
 rule (`top_k`, `stage1_seeds`) serves every baseline; `top_k=None` trains every seed at every point.
+A rules spec "rules:PRESET@NAME[:SCHEDULE]" is tuned as NAME[:SCHEDULE] is, inside the preset's rule
+chain (`preset_rules.rules_baseline`), except that with a weight-decay rule in the chain NAME's own
+decay is 0 and not tuned (the rule is its decay): `baseline_setup`.
 """
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ from typing import Any, Optional, Sequence
 import jax
 
 from outer_trainers.evaluation.baselines.grid_search import STAGE1_SEEDS, TOP_K, check_grid, tune_baseline
-from outer_trainers.evaluation.baselines.specs import TUNED, parse_baseline
+from outer_trainers.evaluation.baselines.preset_rules import chain_without, has_decay_rule, record_chain, rules_baseline
+from outer_trainers.evaluation.baselines.specs import RULES, TUNED, parse_baseline, parse_rules_baseline
 from outer_trainers.evaluation.baselines.schedules import WARMUP_FRACTION, scheduled_baseline, warmup_steps
+from outer_trainers.evaluation.task_trainer import MakeTx
 from outer_trainers.evaluation.tuning import DEFAULT_WEIGHT_DECAYS, default_lrs
 from tasks.base import TaskFamily
 
@@ -134,9 +139,34 @@ def tune_spec(family: TaskFamily, spec: str, tuning: BaselineTuning, num_steps: 
     Returns:
       `grid_search.tune_baseline`'s runs.
     """
-    name, schedule = parse_baseline(spec)
-    make_tx = scheduled_baseline(name, num_steps, momentum=tuning.momentum, warmup_fraction=tuning.warmup_fraction)
+    name, _ = parse_baseline(spec)
+    make_tx, weight_decays, schedules = baseline_setup(spec, tuning, num_steps)
     return tune_baseline(family, label or spec, make_tx, num_steps, cfgs, keys, lrs=tuning.grids()[name],
-                         weight_decays=tuning.weight_decays(name), schedules=tuning.schedules(schedule),
+                         weight_decays=weight_decays, schedules=schedules,
                          top_k=tuning.top_k, stage1_seeds=tuning.stage1_seeds, max_extensions=tuning.max_extensions,
                          **trainer_kwargs)
+
+
+def baseline_setup(spec: str, tuning: BaselineTuning, num_steps: int) -> tuple[MakeTx, tuple, tuple]:
+    """What tuning a baseline spec trains: its transform and its decay and schedule grids.
+
+    Args:
+      spec: a baseline spec (`specs.parse_baseline`), a rules spec included.
+      tuning: the grids and settings.
+      num_steps: T, the schedules' budget (and a rule chain's horizon).
+
+    Returns:
+      (make_tx: {"learning_rate", "weight_decay", "schedule"} -> optax transform, the starting decays, the
+      schedules): `schedules.scheduled_baseline`'s transform with `tuning.weight_decays(NAME)`; for a rules
+      spec `preset_rules.rules_baseline`'s, its decays (0.0,) when the chain holds a weight-decay rule.
+    """
+    name, schedule = parse_baseline(spec)
+    if not spec.startswith(RULES):
+        make_tx = scheduled_baseline(name, num_steps, momentum=tuning.momentum,
+                                     warmup_fraction=tuning.warmup_fraction)
+        return make_tx, tuning.weight_decays(name), tuning.schedules(schedule)
+    preset, without, _, _ = parse_rules_baseline(spec)
+    chain = chain_without(record_chain(preset), without)
+    make_tx = rules_baseline(chain, name, num_steps, momentum=tuning.momentum, warmup_fraction=tuning.warmup_fraction)
+    decays = (0.0,) if has_decay_rule(chain) else tuning.weight_decays(name)
+    return make_tx, decays, tuning.schedules(schedule)
