@@ -189,6 +189,26 @@ def test_scheduled_adamw_with_its_schedule_tuned_is_a_baseline_and_the_time_to_t
     assert list(res["summary"]) == ["adam:linear vs adamw:tuned"]
 
 
+@pytest.mark.slow  # a whole evaluation: two tuned grids, the time-to-target measurement
+def test_a_shipped_optimizers_rules_on_adamw_are_a_tuned_baseline(evaluate_script, tmp_path):
+    """rules:celo2_v9@adamw as an optimizer and, with a part left out, as a baseline: tuned over the rate, AdamW's
+    own decay 0 where the chain holds the weight-decay rule."""
+    out = tmp_path / "r"
+    res = evaluate_script.main(["--optimizer", "rules:celo2_v9@adamw", "--task", "QuadraticFamily(dim=4)",
+                                "--num_steps", "10", "--num_seeds", "2",
+                                "--baselines", "rules:celo2_v9-conv_step_scaled@adamw", "--no_plots",
+                                "--gin_param", "BaselineTuning.max_extensions = 0",
+                                "--gin_param", "BaselineTuning.adamw_lrs = [0.01, 0.1]",
+                                "--gin_param", "evaluate.n_resamples = 100", "--output_dir", str(out)])
+    quad = _strict_json(out / "results.json")["tasks"]["quadratic_dim4"]
+    decays = {r["part"] for r in lopt.pretrained.info("celo2_v9")["rules"]} >= {"loss_aware_decay"}
+    for name in ("rules:celo2_v9@adamw", "rules:celo2_v9-conv_step_scaled@adamw"):
+        settings = quad["optimizers"][name]["settings"]
+        assert {s[0] for s in settings} == {0.01, 0.1}
+        assert {s[1] for s in settings} == ({0.0} if decays else {0.0, 1e-3, 1e-2, 0.1, 1.0})
+    assert list(res["summary"]) == ["rules:celo2_v9@adamw vs rules:celo2_v9-conv_step_scaled@adamw"]
+
+
 def test_the_default_baselines_are_scheduled_adamw_muon_and_sgdm_and_constant_adam():
     import inspect
     default = ("adam", "adamw:tuned", "muon:tuned", "sgdm:tuned")
@@ -290,6 +310,10 @@ def test_bad_task_spec_is_reported(evaluate_script):
     (["--optimizer", "/no/such/theta.msgpack"], "is neither a baseline .* nor an existing theta or checkpoint file"),
     (["--optimizer", "TMP/garbage.msgpack"], "neither a theta file .* nor an outer_train checkpoint"),
     (["--gin_param", "BaselineTuning.max_extensions = -1"], "max_extensions must be an integer >= 0"),
+    (["--optimizer", "pretrained:celo2_v9-no_part"], r"'no_part' is not a rule of celo2_v9's chain to leave out"),
+    (["--optimizer", "untrained:celo2_v9#one"], r"seed after '#' must be an integer >= 0, got 'one'"),
+    (["--baselines", "rules:celo2_v9@adamx"], r"unknown baselines \['rules:celo2_v9@adamx'\].*unknown baseline 'adamx'"),
+    (["--baselines", "adam,pretrained:no_name-rules"], r"no pretrained optimizer named 'no_name'"),
 ])
 def test_bad_arguments_are_refused_before_any_work_or_file(evaluate_script, tmp_path, monkeypatch, flags, what):
     """--num_seeds 0 / --num_steps 0 used to crash after writing a partial results.csv."""
@@ -379,3 +403,42 @@ def test_stress_steps_checks_each_learned_optimizer_at_the_given_horizon(evaluat
     with pytest.raises(SystemExit, match="no --baselines"):
         evaluate_script.main(["--optimizer", good, "--baselines", "adam", "--task", "QuadraticFamily(dim=4)",
                               "--stress_steps", "40", "--output_dir", str(tmp_path / "s3")])
+
+
+# scripts/compare_tuning.py: the two-stage rule against the full grid (issue 58's agreement bar)
+
+def _choice(lr, wd, schedule, valid, test):
+    return {"learning_rate": lr, "weight_decay": wd, "schedule": schedule, "valid": valid, "test": test}
+
+
+def test_compare_tuning_counts_agreement_and_reports_the_loss_ratio_where_the_choices_differ():
+    import compare_tuning
+    same = {m: {"choice": _choice(0.01, 0.1, "cosine", 0.5, 0.6), "wall_s": 10.0, "cpu_s": 5.0}
+            for m in ("two_stage", "full")}
+    differ = {"two_stage": {"choice": _choice(0.03, 0.01, "constant", 0.6, 0.9), "wall_s": 20.0, "cpu_s": 8.0},
+              "full": {"choice": _choice(0.1, 0.01, "constant", 0.5, 1.0), "wall_s": 40.0, "cpu_s": 16.0}}
+    assert compare_tuning.compare(same) == {"agree": True, "valid_ratio": 1.0, "test_ratio": 1.0}
+    c = compare_tuning.compare(differ)
+    assert not c["agree"] and c["valid_ratio"] == pytest.approx(1.2) and c["test_ratio"] == pytest.approx(0.9)
+    md = compare_tuning.table({"a": same, "b": differ}, "adamw:tuned", "validation-cpu")
+    assert "Agreement: 1 of 2 tasks." in md
+    assert "| b | 0.03, 0.01, constant | 0.1, 0.01, constant | no | 1.2000 | 0.9000 | 20 / 8 | 40 / 16 |" in md
+    assert "two_stage: 0.5 wall-min, 0.2 CPU-min over 2 tasks." in md
+    with pytest.raises(ValueError, match=r"unknown mode 'half'"):
+        compare_tuning.tuning_of("half")
+    assert compare_tuning.tuning_of("full").top_k is None and compare_tuning.tuning_of("two_stage").top_k == 3
+
+
+@pytest.mark.slow  # tunes one smoke task twice (70 grid points each)
+def test_compare_tuning_runs_both_rules_on_a_suite_task_and_writes_the_table(tmp_path):
+    import compare_tuning
+    out = tmp_path / "cmp"
+    res = compare_tuning.main(["--suite", "smoke", "--only", "smoke_regression_dim8", "--in_process",
+                               "--output_dir", str(out)])
+    r = res["smoke_regression_dim8"]
+    assert set(r) == {"two_stage", "full"} and r["full"]["points"] >= 70 and r["two_stage"]["points"] == 3
+    # the two-stage rule's choice is among the full grid's points, scored on the same seeds: never below its best
+    full_best = min(s["valid"] for s in r["full"]["settings"])
+    assert r["full"]["choice"]["valid"] == full_best and r["two_stage"]["choice"]["valid"] >= full_best * (1 - 1e-6)
+    assert "Agreement:" in (out / "comparison.md").read_text()
+    assert (out / "tasks" / "smoke_regression_dim8.json").exists()
