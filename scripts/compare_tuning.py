@@ -16,7 +16,8 @@ process CPU seconds (compilation included). The agreement count is the bar of is
 choice on >= 5 of 6 validation-cpu tasks").
 
 Each task and mode is tuned in a fresh Python process (unless --in_process), so that each mode's
-seconds include its own compilations and neither reuses the other's. Writes, under --output_dir, one JSON per finished task (tasks/NAME.json: a rerun skips finished tasks)
+seconds include its own compilations and neither reuses the other's. Writes, under --output_dir, one
+JSON per finished task (tasks/NAME.json: a rerun skips finished tasks)
 and, at the end, comparison.json and comparison.md (the table).
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from outer_trainers.evaluation.baselines import BaselineTuning, tune_spec
+from outer_trainers.evaluation.baselines import STAGE1_SEEDS, TOP_K, BaselineTuning, tune_spec
 from outer_trainers.evaluation.suite_runs import runs_in_sequence
 from outer_trainers.evaluation.task_plan import plan_tasks
 from outer_trainers.evaluation.task_trainer import task_draws
@@ -47,28 +48,34 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def tuning_of(mode: str) -> BaselineTuning:
-    """The protocol's `BaselineTuning()` with the rule `mode`: "two_stage" (its default) or "full" (top_k=None)."""
+def tuning_of(mode: str, top_k: int = TOP_K, stage1_seeds: int = STAGE1_SEEDS) -> BaselineTuning:
+    """The protocol's `BaselineTuning()` with the rule `mode`: "two_stage" (its default, or `top_k` points and
+    `stage1_seeds` seeds) or "full" (top_k=None)."""
     if mode not in MODES:
         raise ValueError(f"compare_tuning: unknown mode {mode!r}; the modes are {list(MODES)}")
-    return BaselineTuning() if mode == "two_stage" else BaselineTuning(top_k=None)
+    two_stage = mode == "two_stage"
+    tuning = BaselineTuning(top_k=top_k, stage1_seeds=stage1_seeds) if two_stage else BaselineTuning(top_k=None)
+    tuning.check()
+    return tuning
 
 
 def setting(run: dict) -> dict:
-    """A run's grid point and its scores: rate, decay, schedule, median final validation and test loss over seeds."""
+    """A run's grid point and its scores: rate, decay, schedule, median final validation and test loss over seeds
+    (and each seed's, "valids" and "tests")."""
     med = lambda k: float(np.median(np.asarray(run[k], np.float64)))
     return {"learning_rate": float(run["learning_rate"]), "weight_decay": float(run["weight_decay"]),
             "schedule": run["schedule"], "valid": med("valids"), "test": med("evals"),
+            "valids": [float(v) for v in run["valids"]], "tests": [float(v) for v in run["evals"]],
             "diverged": bool(run.get("diverged", False)), "grid_edge": run.get("grid_edge")}
 
 
-def tune_task(planned, spec: str, mode: str) -> dict:
+def tune_task(planned, spec: str, tuning: BaselineTuning) -> dict:
     """One task tuned by one mode: its choice, its runs' count and its wall and CPU seconds.
 
     Args:
       planned: a `task_plan.PlannedTask`.
       spec: the baseline spec (e.g. "adamw:tuned").
-      mode: one of `MODES`.
+      tuning: the rule (`tuning_of`).
 
     Returns:
       {"choice": `setting` of the best run, "points": the last stage's points (the full grid's size with
@@ -77,7 +84,7 @@ def tune_task(planned, spec: str, mode: str) -> dict:
     """
     cfgs, keys = task_draws(planned.family, planned.seeds)
     wall, cpu = time.perf_counter(), cpu_seconds()
-    runs = tune_spec(planned.family, spec, tuning_of(mode), planned.num_steps, cfgs, keys,
+    runs = tune_spec(planned.family, spec, tuning, planned.num_steps, cfgs, keys,
                      eval_split=planned.eval_split, sequential=runs_in_sequence(planned.family))
     wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
     best = best_runs(runs)[spec]
@@ -132,13 +139,15 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     p.add_argument("--spec", default="adamw:tuned", help="a tuned baseline spec NAME[:SCHEDULE]")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {list(MODES)}")
     p.add_argument("--only", action="append", default=[], help="a task name of the suite (repeatable; default all)")
+    p.add_argument("--top_k", type=int, default=TOP_K, help="the two-stage rule's stage-2 points")
+    p.add_argument("--stage1_seeds", type=int, default=STAGE1_SEEDS, help="the two-stage rule's stage-1 seeds")
     p.add_argument("--in_process", action="store_true",
                    help="tune in this process (default: each task and mode in a fresh process, so that neither mode "
                         "reuses the other's compilations and the costs compare)")
     args = p.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        tuning_of(m)
+    rules = {m: tuning_of(m, args.top_k, args.stage1_seeds) for m in modes}
+    described = {m: rules[m].describe()["two_stage"] for m in modes}
     plan = plan_tasks(args.suite, (), 1, 1, "test", what="compare_tuning")
     if args.only:
         unknown = sorted(set(args.only) - {t.name for t in plan})
@@ -151,15 +160,18 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         path = os.path.join(args.output_dir, "tasks", f"{t.name}.json")
         done = json.load(open(path)) if os.path.exists(path) else {}
         for m in modes:
+            if m in done and done[m].get("rule", tuning_of(m).describe()["two_stage"]) != described[m]:
+                raise SystemExit(f"error: {path} holds {m} by another rule ({done[m].get('rule')!r}, not "
+                                 f"{described[m]!r}): give another --output_dir")
             if m not in done and not args.in_process:
                 print(f"{t.name}: {m} ... (a fresh process)", flush=True)
                 subprocess.run([sys.executable, os.path.abspath(__file__), "--output_dir", args.output_dir, "--suite",
-                                args.suite, "--spec", args.spec, "--modes", m, "--only", t.name, "--in_process"],
-                               check=True)
+                                args.suite, "--spec", args.spec, "--modes", m, "--only", t.name, "--in_process",
+                                "--top_k", str(args.top_k), "--stage1_seeds", str(args.stage1_seeds)], check=True)
                 done = json.load(open(path))
             elif m not in done:
                 print(f"{t.name}: {m} ...", flush=True)
-                done[m] = tune_task(t, args.spec, m)
+                done[m] = {**tune_task(t, args.spec, rules[m]), "rule": described[m]}
                 print(f"{t.name}: {m}: {done[m]['choice']} in {done[m]['wall_s']:.0f} s wall, "
                       f"{done[m]['cpu_s']:.0f} s CPU", flush=True)
                 with open(path + ".tmp", "w") as f:
@@ -168,7 +180,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         results[t.name] = {m: done[m] for m in modes}
     md = table(results, args.spec, args.suite)
     with open(os.path.join(args.output_dir, "comparison.json"), "w") as f:
-        json.dump({"spec": args.spec, "suite": args.suite, "results": results,
+        json.dump({"spec": args.spec, "suite": args.suite, "rules": described, "results": results,
                    "agreement": {n: compare(r) for n, r in results.items()} if len(modes) == 2 else None}, f, indent=1)
     with open(os.path.join(args.output_dir, "comparison.md"), "w") as f:
         f.write(md)

@@ -144,17 +144,18 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--output_dir", required=True, help="where the result files go")
     p.add_argument("--suite", help=f"an evaluation suite of tasks.suites: {', '.join(suites.names())}")
     p.add_argument("--optimizer", action="append", default=[],
-                   help="a theta file, an outer_train checkpoint file, pretrained:NAME, an ablation (pretrained:NAME-PART, "
-                        "pretrained:NAME-rules, untrained:NAME[#SEED], rules:NAME@BASELINE), or a baseline spec "
+                   help="a theta file, an outer_train checkpoint file, pretrained:NAME, an ablation "
+                        "(pretrained:NAME-PART, pretrained:NAME-rules, untrained:NAME[#SEED], rules:NAME@BASELINE), "
+                        "or a baseline spec "
                         f"NAME[:SCHEDULE] (NAME of {', '.join(evaluation.baseline_names())}; SCHEDULE of "
                         f"{', '.join(evaluation.SCHEDULE_CHOICES)}; e.g. adamw:cosine); repeatable")
     p.add_argument("--theta", help="a theta_final.msgpack (the same as --optimizer PATH)")
     p.add_argument("--baselines", help=f"comma-separated baselines: tuned ones, NAME[:SCHEDULE] with NAME of "
                                        f"{', '.join(evaluation.baseline_names())} and SCHEDULE of "
-                                       f"{', '.join(evaluation.SCHEDULE_CHOICES)} (bare NAME: constant; e.g. adamw:cosine) "
-                                       f"or a shipped optimizer's rules on one, rules:NAME@BASELINE (e.g. rules:celo2_v9@adamw), "
-                                       f"and untuned learned ones: published:NAME (e.g. published:celo_adam) and ablations "
-                                       f"(pretrained:NAME-PART, untrained:NAME) "
+                                       f"{', '.join(evaluation.SCHEDULE_CHOICES)} (bare NAME: constant; e.g. "
+                                       f"adamw:cosine) or a shipped optimizer's rules on one, rules:NAME@BASELINE "
+                                       f"(e.g. rules:celo2_v9@adamw), and untuned learned ones: published:NAME (e.g. "
+                                       f"published:celo_adam) and ablations (pretrained:NAME-PART, untrained:NAME) "
                                        f"(default {','.join(evaluation.DEFAULT_BASELINES)}; '' for none)")
     p.add_argument("--task", action="append", default=[], help="e.g. 'QuadraticFamily(dim=4)' (repeatable)")
     p.add_argument("--num_steps", type=int, help="steps per run of --task tasks (sets evaluate.num_steps)")

@@ -120,7 +120,8 @@ def resolve_optimizer(spec: str, label: str) -> dict:
 def optimizer_labels(specs: Sequence[str]) -> list[str]:
     """The names of the optimizers in the results, one per spec.
 
-    A baseline keeps its name, "pretrained:NAME", "published:NAME" and an ablation too; a single theta or checkpoint file is
+    A baseline keeps its name, "pretrained:NAME", "published:NAME" and an ablation too; a single theta or
+    checkpoint file is
     "learned", several are their file stems; a name taken already gets "_i" appended (i its index).
 
     Args:

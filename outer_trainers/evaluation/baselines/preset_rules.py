@@ -20,7 +20,7 @@ on a baseline it is therefore added to the baseline's own step first (innermost,
 in the chain; `lopt.rules.loss_aware_decay` with the baseline's rate schedule η_t as its step size),
 and the chain's step-size parts then scale both,
 
-    Δp = σ_t h d · (u_t − η_t · λ₀ · φ_t · p)        (AdamW's decoupled decay, λ₀ φ_t in place of its wd)
+    Δp = σ_t h d · (u_t − η_t · λ₀ · φ_t · p)      (AdamW's decoupled decay, λ₀ φ_t in place of its wd)
 
 (σ_t h d the chain's schedule, horizon and depth factors, where it holds them). The growth limit
 (`lopt.rules.growth_limited`) acts on the baseline's whole step, and the horizon factor multiplies it

@@ -3,8 +3,8 @@
 baseline (rules:NAME@adamw), each compared update by update with the same chain built by hand from lopt.rules'
 parts over a few steps. The chain is read from the record at run time, so the hand-built references map each
 part name to its lopt.rules function here, independently of the code under test. Fast tests use a stand-in
-record (LearnableAdamW, or a small MLPLOpt where the seed matters, inside three parts that wrap any transform); the shipped names' learned updates compile
-slowly on a CPU and are in the slow tier."""
+record (LearnableAdamW, or a small MLPLOpt where the seed matters, inside three parts that wrap any
+transform); the shipped names' learned updates compile slowly on a CPU and are in the slow tier."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,7 +98,8 @@ def install_fake(monkeypatch, learned_opt, theta):
 def fake_record(monkeypatch):
     """FAKE as a LearnableAdamW (cheap to compile) whose shipped theta is not its init."""
     learned_opt = lopt.LearnableAdamW(learning_rate=1e-3)
-    return install_fake(monkeypatch, learned_opt, {"log_lr": jnp.float32(np.log(2e-2)), "weight_decay": jnp.float32(0.1)})
+    theta = {"log_lr": jnp.float32(np.log(2e-2)), "weight_decay": jnp.float32(0.1)}
+    return install_fake(monkeypatch, learned_opt, theta)
 
 
 @pytest.fixture
