@@ -109,7 +109,8 @@ def resolve_optimizer(spec: str, label: str) -> dict:
     if not os.path.isfile(spec):
         raise ValueError(f"evaluate: --optimizer {spec!r} is neither a baseline ({', '.join(baseline_names())}, "
                          f"optionally NAME:SCHEDULE with SCHEDULE one of {', '.join(SCHEDULE_CHOICES)}), "
-                         f"nor pretrained:NAME, nor an existing theta or checkpoint file")
+                         f"nor rules:NAME@BASELINE, nor pretrained:NAME or an ablation of it (pretrained:NAME-PART, "
+                         f"pretrained:NAME-rules, untrained:NAME), nor an existing theta or checkpoint file")
     try:
         learned_opt, theta = theta_from_file(spec)
     except ValueError as e:
