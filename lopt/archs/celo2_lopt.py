@@ -324,7 +324,7 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             start = jnp.zeros((), jnp.float32) if self.wd_loss_power > 0 else None
             return Celo2LOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(), start)
 
-        def update_leaf(g, p, m, v, role, t, lrs, fade, lam, rules):
+        def update_leaf(g, p, m, v, role, t, lrs, fade, lam, rules, scales):
             shape, k = jnp.shape(p), len(self.decays)
             n = math.prod(shape)
             if n == 0:
@@ -339,7 +339,11 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             m, v = accumulate(g32, m, v, decays, self.rms_decay)
             t1 = (t + 1).astype(jnp.float32)
             nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
-            if is_orthogonalized(role, shape):
+            ortho = is_orthogonalized(role, shape)
+            lr = lrs[0] if ortho else lrs[1]
+            for f in scales:  # step-size factors of the rules outside that vary within a path
+                lr = lr * f
+            if ortho:
                 # flat [n] (the layout's blocks), or in the tensor's own shape where the layout keeps it (sharded)
                 flat = (lambda x, *lead: x) if layout.keeps_shape(g) else (lambda x, *lead: x.reshape(*lead, n))
                 u = flat(nesterov / (ft.rms(nesterov) + consts["norm_eps"]))
@@ -351,10 +355,10 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                     r = rule.residual(r, flat(p32), role, shape)
                 u = u + r
                 orth = gathered(lambda x: orthogonalize(x, role), u.reshape(shape))
-                step = lrs[0] * (width_scale(shape, role) * orth + decay * p32)
+                step = lr * (width_scale(shape, role) * orth + decay * p32)
             else:
                 v_hat = v / (1.0 - self.rms_decay ** t1)
-                step = lrs[1] * (nesterov / (jnp.sqrt(v_hat) + consts["adam_eps"]) + decay * p32)
+                step = lr * (nesterov / (jnp.sqrt(v_hat) + consts["adam_eps"]) + decay * p32)
             return (-step).astype(jnp.result_type(p)), m, v
 
         def update_fn(updates, state, params=None, **extra_args):
@@ -378,8 +382,12 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
                     lams[free] = lam0 * wd_rule.loss_factor(start, loss_state[0], self.wd_loss_power,
                                                             self.wd_loss_max, free)
             lam = lambda role: lams.get(wd_rule.loss_free_of(role, self.wd_loss_free, self.wd_conv_loss_free), lam0)
-            rules = per_tensor.rules_of(extra_args)
-            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam(r), rules) for g, p, m, v, r in zip(gs, ps, ms, vs, rs)]
+            rules = per_tensor.innermost_first(extra_args)
+            shapes = [tuple(jnp.shape(p)) for p in ps]
+            lrs, scales = per_tensor.scale_step_sizes(lrs, rules, rs, shapes,
+                                                      [0 if is_orthogonalized(r, s) else 1 for r, s in zip(rs, shapes)])
+            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam(r), rules, sc)
+                      for g, p, m, v, r, sc in zip(gs, ps, ms, vs, rs, scales)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state, start)
 

@@ -8,10 +8,10 @@
 Theta files are stored once, by content: thetas/SHA256.msgpack, a `lopt.save_theta` file
 (architecture, config and theta) named by the SHA-256 of its bytes, which `load` checks. A shipped
 NAME is a small record, NAME.json: "theta_sha256" (which theta file), "architecture" and "config"
-(as meta-trained), "rules" (its rule chain: the `lopt.rules` parts `load` wraps around the
-architecture, innermost first, each with its constants; `rule_chain`), "deploy_options" (what `load`
-sets on that config: the deploy settings the architecture still holds; {} for none) with
-"deploy_reason", and its provenance: "recipe" (the gin file
+(as meta-trained; rule fields it was meta-trained with included), "rules" (its whole deploy chain:
+the `lopt.rules` parts `load` wraps around the architecture, innermost first, each with its
+constants; `rule_chain`), "deploy_options" (what `load` sets on that config besides: architecture
+settings only; {} for none) with "deploy_reason", and its provenance: "recipe" (the gin file
 in scripts/configs/ it was meta-trained from, relative to the repository root; the one place the
 recipe lives), "command" (the one command that re-creates it), "git_commit", "hardware",
 "meta_training_steps", "meta_training_hours", "meta_training_horizons" ([min, max] steps; `load`
@@ -222,9 +222,9 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
 
     Use it as any optax optimizer; it reads the params, so pass them (and, optionally, the loss):
     `updates, state = tx.update(grads, state, params, loss=loss)`. It is the saved architecture
-    with the record's "deploy_options" applied, without rule fields, inside the `lopt.rules` parts
-    of its chain (`rule_chain.apply`; rule fields of an older record or config are translated,
-    `rule_chain.from_fields`).
+    with the record's "deploy_options" applied and without rule fields (the rules its config was
+    meta-trained with are translated out, `rule_chain.from_fields`), inside the `lopt.rules` parts of
+    the record's chain, "rules", the whole deploy chain (`rule_chain.apply`).
 
     Args:
       name: one of `names()`.
@@ -256,13 +256,17 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
     holds ("meta_training_horizons").
     """
     record, learned_opt, theta = _load(name)
-    config, rules = rule_chain.from_fields(learned_opt.name, {**learned_opt.config(), **record["deploy_options"]})
+    config, _ = rule_chain.from_fields(learned_opt.name, learned_opt.config())  # its rules: in record["rules"]
+    options, moved = rule_chain.from_fields(learned_opt.name, record["deploy_options"])
+    if moved:
+        raise ValueError(f"pretrained optimizer {name!r}: its deploy_options {record['deploy_options']} hold rule "
+                         f"fields; a record lists its rules as parts under \"rules\" ({moved})")
     try:
-        learned_opt = type(learned_opt)(**config)
+        learned_opt = type(learned_opt)(**{**config, **options})
     except (TypeError, ValueError) as e:
         raise ValueError(f"pretrained optimizer {name!r}: its deploy_options {record['deploy_options']} do not build "
                          f"{learned_opt.name}: {e}") from None
-    rules = rules + record["rules"]
+    rules = record["rules"]
     if hasattr(learned_opt, "layout"):
         chosen = layout_lib.for_platform(jax.default_backend()) if layout is None else layout
         learned_opt = dataclasses.replace(learned_opt, layout=chosen)
@@ -289,5 +293,5 @@ def load(name: str, num_steps: Optional[int] = None, *, weight_dimension_numbers
             raise ValueError(f"pretrained optimizer {name!r} ({learned_opt.name}) has no fan-in rule: "
                              f"weight_dimension_numbers and strict_roles do not apply to it")
         roles = dict(weight_dimension_numbers=weight_dimension_numbers, strict_roles=strict_roles)
-    return rule_chain.apply(learned_opt.opt_fn(theta, num_steps=num_steps, **roles), rules,
+    return rule_chain.apply(learned_opt.opt_fn(theta, num_steps=num_steps, **roles), rules, num_steps=num_steps,
                             weight_dimension_numbers=weight_dimension_numbers)

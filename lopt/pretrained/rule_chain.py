@@ -3,22 +3,28 @@
 A record (NAME.json) lists its rules under "rules", innermost first, each an object naming a part
 of `lopt.rules` and its constants:
 
+    {"part": "scheduled", "name": "cosine"}
+    {"part": "horizon_scaled", "reference": 2000, "power": 1.0, "residual_power": 2.0}
+    {"part": "depth_scaled", "reference": 3, "power": 1.0}
     {"part": "loss_aware_decay", "rate": 0.03, "loss_power": 1.0, "loss_max": 10.0, "loss_free": 3.0}
     {"part": "growth_limited", "free": 4.0}
     {"part": "conv_step_scaled", "scale": 3.0}
     {"part": "overshoot_brake", "gain": 0.2, "threshold": 0.15}
 
-`apply` wraps them around the architecture's transform in that order: loss_aware_decay with
-`learning_rate=None` and growth_limited act inside a learned update through
-`lopt.rules.per_tensor` (each tensor's own step size; the learned residual), conv_step_scaled
-and overshoot_brake on its whole step.
+`apply` (`lopt.rules.chain.apply`) wraps them around the architecture's transform in that order. Around a learned update
+that takes `lopt.rules.per_tensor`'s interface the first five act inside it: scheduled,
+horizon_scaled and depth_scaled (the matrix path only) multiply each tensor's own step size η,
+horizon_scaled's `residual_power` fades the learned residual, loss_aware_decay (with
+`learning_rate=None`) adds its rate inside each tensor's bracket and growth_limited acts on the
+learned residual; conv_step_scaled and overshoot_brake act on its whole step.
 
-Older records and configs held these rules as architecture fields (Celo2LOpt's `wd_rate`, `wd_loss_*`,
-`wd_roles`, `residual_no_growth`, `residual_growth_free`, `conv_step_scale`, `overshoot_gain`,
-`overshoot_threshold`; NormMLPLOpt's `overshoot_gain`, `overshoot_threshold`). `from_fields`
-translates such a config into the architecture's own fields and the equivalent chain (a learned
-weight decay, `wd_learned`, stays on the architecture: its λ is in theta); `to_fields` is the
-inverse, the form `lopt.torch` still reads.
+Older records and configs held these rules as architecture fields (Celo2LOpt's `schedule`,
+`horizon_reference`, `horizon_power`, `residual_horizon_power`, `depth_reference`, `depth_power`,
+`wd_rate`, `wd_loss_*`, `wd_roles`, `residual_no_growth`, `residual_growth_free`, `conv_step_scale`,
+`overshoot_gain`, `overshoot_threshold`; NormMLPLOpt's `overshoot_gain`, `overshoot_threshold`).
+`from_fields` translates such a config into the architecture's own fields and the equivalent chain
+(a learned weight decay, `wd_learned`, stays on the architecture: its λ is in theta); `to_fields`
+is the inverse, the form `lopt.torch` still reads.
 """
 from __future__ import annotations
 
@@ -26,18 +32,21 @@ from typing import Any, Sequence
 
 import optax
 
-from lopt.rules import conv_step, overshoot_brake, radial, weight_decay
+from lopt.rules import weight_decay
+from lopt.rules.chain import PARTS, apply
 
 __all__ = ["PARTS", "from_fields", "to_fields", "apply"]
-
-PARTS = ("loss_aware_decay", "growth_limited", "conv_step_scaled", "overshoot_brake")
-"""The parts a record's chain may name, in the order `from_fields` lists them (innermost first)."""
 
 # Celo2LOpt's weight-decay fields and the part's arguments they become, with the field defaults.
 _WD = {"wd_loss_power": ("loss_power", 0.0), "wd_loss_max": ("loss_max", 10.0), "wd_loss_free": ("loss_free", 1.0),
        "wd_conv_loss_free": ("conv_loss_free", 0.0), "wd_roles": ("roles", weight_decay.DEFAULT_ROLES)}
 _ALWAYS = ("loss_power", "loss_max", "loss_free")  # stated in a chain even at their defaults
-_BRAKE_THRESHOLD = 0.15
+_BRAKE_THRESHOLD = 0.15  # lopt.rules.chain.BRAKE_THRESHOLD
+# Celo2LOpt's step-size rule fields, with their defaults (the value that turns each rule off first).
+_SCHEDULE = ("schedule", "constant")
+_HORIZON = {"horizon_reference": ("reference", 0), "horizon_power": ("power", 0.5),
+            "residual_horizon_power": ("residual_power", 0.0)}
+_DEPTH = {"depth_reference": ("reference", 0), "depth_power": ("power", 1.0)}
 
 
 def from_fields(architecture: str, config: dict) -> tuple[dict, list]:
@@ -52,6 +61,13 @@ def from_fields(architecture: str, config: dict) -> tuple[dict, list]:
     """
     config, rules = dict(config), []
     if architecture == "Celo2LOpt":
+        name = config.pop(*_SCHEDULE)
+        if name != _SCHEDULE[1]:
+            rules.append({"part": "scheduled", "name": name})
+        for part, fields in (("horizon_scaled", _HORIZON), ("depth_scaled", _DEPTH)):
+            args = {arg: config.pop(field, default) for field, (arg, default) in fields.items()}
+            if args["reference"] > 0:
+                rules.append({"part": part, **args})
         rate = config.pop("wd_rate", 0.0)
         if config.get("wd_learned", False):  # λ is a meta-parameter: the rule stays inside
             config["wd_rate"] = rate
@@ -97,7 +113,13 @@ def to_fields(architecture: str, rules: Sequence[dict]) -> dict:
     fields = {}
     for rule in rules:
         part, args = rule["part"], {k: v for k, v in rule.items() if k != "part"}
-        if part == "overshoot_brake" and architecture in ("Celo2LOpt", "NormMLPLOpt"):
+        if part == "scheduled" and architecture == "Celo2LOpt":
+            fields[_SCHEDULE[0]] = args.get("name", "cosine")
+        elif part in ("horizon_scaled", "depth_scaled") and architecture == "Celo2LOpt":
+            names = _HORIZON if part == "horizon_scaled" else _DEPTH
+            fields.update({field: args.get(arg, 1.0 if arg == "power" else default)
+                           for field, (arg, default) in names.items()})
+        elif part == "overshoot_brake" and architecture in ("Celo2LOpt", "NormMLPLOpt"):
             fields.update(overshoot_gain=args["gain"], overshoot_threshold=args.get("threshold", _BRAKE_THRESHOLD))
         elif part == "loss_aware_decay" and architecture == "Celo2LOpt":
             fields["wd_rate"] = args["rate"]
@@ -111,34 +133,3 @@ def to_fields(architecture: str, rules: Sequence[dict]) -> dict:
         else:
             raise ValueError(f"{architecture} has no field for the rule {rule}")
     return fields
-
-
-def apply(tx: optax.GradientTransformationExtraArgs, rules: Sequence[dict], *,
-          weight_dimension_numbers: Any = None) -> optax.GradientTransformationExtraArgs:
-    """`tx` inside the chain's parts, innermost first (module docstring).
-
-    Args:
-      tx: the architecture's transform (`LearnedOptimizer.opt_fn`).
-      rules: the chain, as a record's "rules".
-      weight_dimension_numbers: roles where inference should not decide, for the parts that read roles.
-
-    Returns:
-      the wrapped transform.
-
-    Raises:
-      ValueError: a part not in `PARTS`, or constants it refuses.
-    """
-    for rule in rules:
-        part, args = rule.get("part"), {k: v for k, v in rule.items() if k != "part"}
-        if part == "loss_aware_decay":
-            args["roles"] = tuple(args.get("roles", weight_decay.DEFAULT_ROLES))
-            tx = weight_decay.loss_aware_decay(tx, None, **args)
-        elif part == "growth_limited":
-            tx = radial.growth_limited(tx, **args)
-        elif part == "conv_step_scaled":
-            tx = conv_step.conv_step_scaled(tx, weight_dimension_numbers=weight_dimension_numbers, **args)
-        elif part == "overshoot_brake":
-            tx = overshoot_brake.overshoot_brake(tx, args["gain"], args.get("threshold", _BRAKE_THRESHOLD))
-        else:
-            raise ValueError(f"unknown rule part {part!r} in a rule chain; known: {', '.join(PARTS)}")
-    return tx

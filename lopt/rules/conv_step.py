@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import optax
 
-from lopt.rules.scaled import leaf_roles, scale_updates
+from lopt.rules.scaled import known, leaf_roles, scale_updates
 
 __all__ = ["model_scale", "check_conv_step_scale", "conv_step_scaled"]
 
@@ -37,7 +37,7 @@ def check_conv_step_scale(scale: float) -> None:
     Raises:
       ValueError: naming the value.
     """
-    if not scale > 0:
+    if known(scale) and not scale > 0:
         raise ValueError(f"conv_step_scale must be > 0 (1: conv kernels step as dense layers), got {scale!r}")
 
 

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from lopt.parts.newton_schulz import is_orthogonalized
-from lopt.rules.scaled import leaf_roles, scale_updates
+from lopt.rules.scaled import StepScaleRule, known, leaf_roles, scale_updates
 
 
 def matrix_depth(shapes: Sequence[Any], roles: Sequence[Any]) -> int:
@@ -56,7 +56,7 @@ def check_depth_options(reference: Any, power: float) -> None:
     Raises:
       ValueError: naming the values.
     """
-    if not (isinstance(reference, int) and reference >= 0 and power >= 0):
+    if not (isinstance(reference, int) and reference >= 0 and (not known(power) or power >= 0)):
         raise ValueError(f"depth_reference must be an int >= 0 and depth_power >= 0, got {reference!r}, {power!r}")
 
 
@@ -67,7 +67,9 @@ def depth_scaled(inner: optax.GradientTransformation, reference: int, power: flo
     D is the number of parameters that `is_orthogonalized` counts as weight matrices
     (`matrix_depth`); only those steps are scaled, biases, norms and embeddings keep theirs.
     Example: `lopt.rules.depth_scaled(optax.adamw(1e-3), reference=3)` halves the matrix steps of a
-    six-layer MLP.
+    six-layer MLP. Around a learned update that takes `lopt.rules.per_tensor`'s interface
+    (`lopt.Celo2LOpt`'s) the factor multiplies the step size η of each weight matrix's own path
+    (`celo2_v5` to `celo2_v9` deploy D_ref = 3, γ = 1).
 
     Args:
       inner: any optax transform; the wrapper's update needs `params` (roles and shapes are read from them).
@@ -80,10 +82,17 @@ def depth_scaled(inner: optax.GradientTransformation, reference: int, power: flo
     """
     check_depth_options(reference, power)
 
-    def factor(count, params):
+    def model_factor(params):
         roles = leaf_roles(params, weight_dimension_numbers, "depth_scaled")
         shapes = [tuple(jnp.shape(p)) for p in jax.tree_util.tree_leaves(params)]
-        d = depth_scale(matrix_depth(shapes, roles), reference, power)
+        return shapes, roles, depth_scale(matrix_depth(shapes, roles), reference, power)
+
+    def factor(count, params):
+        shapes, roles, d = model_factor(params)
         return [d if is_orthogonalized(r, s) else 1.0 for s, r in zip(shapes, roles)]
 
-    return scale_updates(inner, factor)
+    def inside(count, params):
+        d = model_factor(params)[2]
+        return StepScaleRule(lambda role, shape: d if is_orthogonalized(role, tuple(shape)) else None)
+
+    return scale_updates(inner, factor, inside)

@@ -5,20 +5,40 @@
 f gives one float32 scalar for the whole model or one per leaf. The rules built on it
 (`schedule.scheduled`, `horizon.horizon_scaled`, `depth.depth_scaled`, `conv_step.conv_step_scaled`)
 each choose f; the product is computed in float32 and cast back to each update's dtype.
+
+Around a learned update that takes `lopt.rules.per_tensor`'s interface, a rule that gives `inside`
+multiplies each tensor's own step size η instead (`StepScaleRule`): Δp = −(η · f) · (d + λ p), equal
+to f ⊙ Δp in exact arithmetic, in the architecture's own order of operations (so a chain of these
+rules reproduces, bit for bit, the same factors held as architecture options).
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lopt import param_roles
 from lopt.rules import per_tensor
 
-__all__ = ["ScaledState", "scale_updates", "leaf_roles"]
+__all__ = ["ScaledState", "StepScaleRule", "scale_updates", "leaf_roles", "known"]
+
+
+def known(value: Any) -> bool:
+    """Whether a rule's constant is a Python or NumPy number (checked when the rule is built), not a jax
+    value (e.g. a meta-parameter from theta, `lopt.rules.learned`, whose range its parametrisation bounds).
+
+    Args:
+      value: the constant.
+
+    Returns:
+      True for an int, float or NumPy scalar; False for a jax array or tracer.
+    """
+    return isinstance(value, (numbers.Real, np.generic))
 
 
 @flax.struct.dataclass
@@ -33,14 +53,38 @@ class ScaledState:
     count: jax.Array
 
 
-def scale_updates(inner: optax.GradientTransformation,
-                  factor: Callable[[jax.Array, Any], Any]) -> optax.GradientTransformationExtraArgs:
-    """`inner` with its updates multiplied by `factor(t, params)`.
+class StepScaleRule(per_tensor.TensorRule):
+    """A step-size rule given to a learned update (`lopt.rules.per_tensor`): a factor on each tensor's η,
+    and optionally a factor on its learned residual.
+
+    Args:
+      scale_of: (role, shape) -> the factor on η (a float32 [] array or Python float), or None for none.
+      residual_factor: a float32 [] factor on the learned residual r, or None (r unchanged).
+    """
+
+    def __init__(self, scale_of: Callable[[Any, tuple], Any], residual_factor: Any = None):
+        self.scale_of, self.residual_factor = scale_of, residual_factor
+
+    def step_scale(self, role, shape):
+        """`scale_of(role, shape)`."""
+        return self.scale_of(role, shape)
+
+    def residual(self, r, p, role, shape):
+        """`residual_factor · r` (r where it is None)."""
+        return r if self.residual_factor is None else self.residual_factor * r
+
+
+def scale_updates(inner: optax.GradientTransformation, factor: Callable[[jax.Array, Any], Any],
+                  inside: Callable[[jax.Array, Any], per_tensor.TensorRule] = None
+                  ) -> optax.GradientTransformationExtraArgs:
+    """`inner` with its updates multiplied by `factor(t, params)` (or, inside a learned update, its step sizes).
 
     Args:
       inner: any optax transform (its update may read params and extra args such as `loss`).
       factor: (t int32 [], params or None) -> a float32 scalar, or a list with one scalar (or Python
         float) per leaf of the updates, in `jax.tree_util` order.
+      inside: (t, params) -> the `lopt.rules.per_tensor.TensorRule` (e.g. a `StepScaleRule`) given to
+        `inner` instead of scaling its updates, where `inner` takes that interface; None: always `factor`.
 
     Returns:
       An `optax.GradientTransformationExtraArgs` whose state is a `ScaledState` (a
@@ -52,6 +96,10 @@ def scale_updates(inner: optax.GradientTransformation,
         return ScaledState(inner=inner.init(params), count=jnp.zeros((), jnp.int32))
 
     def update_fn(updates, state, params=None, **extra_args):
+        if inside is not None and per_tensor.supports(inner):  # on each tensor's own step size
+            rule = inside(state.count, params)
+            steps, inner_state = inner.update(updates, state.inner, params, **per_tensor.forward(inner, rule, extra_args))
+            return steps, ScaledState(inner=inner_state, count=state.count + 1)
         steps, inner_state = inner.update(updates, state.inner, params, **per_tensor.forward(inner, None, extra_args))
         leaves, treedef = jax.tree_util.tree_flatten(steps)
         f = factor(state.count, params)

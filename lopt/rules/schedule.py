@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lopt.rules.scaled import scale_updates
+from lopt.rules.scaled import StepScaleRule, scale_updates
 
 SCHEDULES = ("constant", "cosine")
 WARMUP_FRACTION = 0.05
@@ -59,7 +59,9 @@ def scheduled(inner: optax.GradientTransformation, num_steps: Any,
     """`inner` with its updates times σ(t, N) (module docstring): the schedule over the horizon as a rule.
 
     Example: `lopt.rules.scheduled(optax.adamw(1e-3), num_steps=1000)` is AdamW with a 5% linear
-    warm-up and a cosine decay to 0 at step 1000.
+    warm-up and a cosine decay to 0 at step 1000. Around a learned update that takes
+    `lopt.rules.per_tensor`'s interface (`lopt.Celo2LOpt`'s) σ multiplies each tensor's step size η
+    instead, as its learned step-size head's prior schedule.
 
     Args:
       inner: any optax transform.
@@ -70,4 +72,10 @@ def scheduled(inner: optax.GradientTransformation, num_steps: Any,
       An `optax.GradientTransformationExtraArgs` (state: `lopt.rules.scaled.ScaledState`).
     """
     check_schedule(name)
-    return scale_updates(inner, lambda count, params: prior_schedule(name, count, num_steps))
+    factor = lambda count, params: prior_schedule(name, count, num_steps)
+    return scale_updates(inner, factor, lambda count, params: _every_tensor(factor(count, params)))
+
+
+def _every_tensor(value: Any) -> StepScaleRule:
+    """The `StepScaleRule` that puts `value` on every tensor's step size."""
+    return StepScaleRule(lambda role, shape: value)

@@ -49,7 +49,7 @@ from lopt.param_roles import KINDS
 from lopt.parts import features as ft
 from lopt.parts.spec import STEP, StateField
 from lopt.rules import per_tensor
-from lopt.rules.scaled import leaf_roles
+from lopt.rules.scaled import known, leaf_roles
 
 __all__ = ["LossAwareRule", "THETA_KEY", "DEFAULT_ROLES", "check_weight_decay_options", "check_loss_options", "theta_init", "decay_rate",
            "is_decayed", "loss_free_of", "loss_start_field", "track_loss_start", "loss_factor", "LossAwareDecayState",
@@ -71,9 +71,9 @@ def check_weight_decay_options(rate: float, learned: bool, log_range: float, rol
     Raises:
       ValueError: naming the options and their values.
     """
-    if not rate >= 0:
+    if known(rate) and not rate >= 0:
         raise ValueError(f"wd_rate must be >= 0 (0: no weight-decay rule), got {rate!r}")
-    if learned and rate == 0:
+    if learned and known(rate) and rate == 0:
         raise ValueError("wd_learned=True needs wd_rate > 0: the learned rate is wd_rate · exp(R · tanh(s))")
     if not log_range > 0:
         raise ValueError(f"wd_log_range must be > 0, got {log_range!r}")
@@ -103,11 +103,11 @@ def check_loss_options(rate: float, loss_power: float, loss_max: float, loss_fre
                          "conv kernels")
     if not loss_power >= 0:
         raise ValueError(f"wd_loss_power must be >= 0 (0: no loss-aware factor), got {loss_power!r}")
-    if not loss_max >= 1:
+    if known(loss_max) and not loss_max >= 1:
         raise ValueError(f"wd_loss_max must be >= 1 (the largest factor on wd_rate), got {loss_max!r}")
-    if not loss_free > 0:
+    if known(loss_free) and not loss_free > 0:
         raise ValueError(f"wd_loss_free must be > 0 (the loss ratio below which the rate stays wd_rate), got {loss_free!r}")
-    if loss_power > 0 and rate == 0:
+    if loss_power > 0 and known(rate) and rate == 0:
         raise ValueError("wd_loss_power > 0 needs wd_rate > 0: the loss-aware factor multiplies wd_rate")
 
 
@@ -241,7 +241,7 @@ def loss_aware_decay(inner: optax.GradientTransformation, learning_rate: Any, ra
     """
     check_weight_decay_options(rate, False, 1.0, tuple(roles))
     check_loss_options(rate, loss_power, loss_max, loss_free, conv_loss_free)
-    if rate == 0:
+    if known(rate) and rate == 0:
         raise ValueError("loss_aware_decay needs rate > 0 (without a decay, use the optimizer itself)")
     inner = optax.with_extra_args_support(inner)
     if learning_rate is None and not per_tensor.supports(inner):
@@ -299,16 +299,17 @@ class LossAwareRule(per_tensor.TensorRule):
     def __init__(self, rate, loss_start, loss_ema, loss_power, loss_max, loss_free, conv_loss_free, roles):
         self.rate, self.start, self.ema = rate, loss_start, loss_ema
         self.power, self.max, self.free, self.conv_free, self.roles = loss_power, loss_max, loss_free, conv_loss_free, roles
-        self._lams = {}  # λ per ρ_free, computed once for each ρ_free the roles take
+        self._lams = {}  # λ per ρ_free (conv kernels' own or the others'), computed once for each
 
     def decay(self, role):
         """λ₀ φ_t(ρ_free of `role`) where `role`'s kind decays, else None (float32 [])."""
         if not is_decayed(role, self.roles):
             return None
-        free = loss_free_of(role, self.free, self.conv_free)
-        if free not in self._lams:
+        key = bool(self.conv_free > 0 and role.is_conv)  # which ρ_free (constants may be jax values)
+        if key not in self._lams:
             lam = jnp.asarray(self.rate, jnp.float32)
             if self.power > 0:
-                lam = lam * loss_factor(self.start, self.ema, self.power, self.max, free)
-            self._lams[free] = lam
-        return self._lams[free]
+                lam = lam * loss_factor(self.start, self.ema, self.power, self.max,
+                                        loss_free_of(role, self.free, self.conv_free))
+            self._lams[key] = lam
+        return self._lams[key]

@@ -241,12 +241,16 @@ def test_celo2_v4_is_deployed_with_the_horizon_rule_that_leaves_runs_up_to_2000_
 
 
 def test_celo2_v5_is_deployed_with_the_horizon_and_depth_rules():
-    """load("celo2_v5") applies its deploy_options: on a model of at most 3 weight matrices and a run of
-    ≤ 2000 steps the update is the meta-trained config's; in a model of 6 weight matrices every
-    matrix step is 3/6 of it and the other tensors' steps are unchanged."""
+    """load("celo2_v5") applies its chain (the schedule, horizon and depth parts): on a model of at most 3
+    weight matrices and a run of ≤ 2000 steps the update is the meta-trained config's; in a model of 6
+    weight matrices every matrix step is 3/6 of it and the other tensors' steps are unchanged."""
     options = {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0,
                "depth_reference": 3, "depth_power": 1.0}
-    assert lopt.pretrained.info("celo2_v5")["deploy_options"] == options
+    assert lopt.pretrained.info("celo2_v5")["rules"] == [
+        {"part": "scheduled", "name": "cosine"},
+        {"part": "horizon_scaled", "reference": 2000, "power": 1.0, "residual_power": 2.0},
+        {"part": "depth_scaled", "reference": 3, "power": 1.0}]
+    assert lopt.pretrained.deploy_options("celo2_v5") == {"schedule": "cosine", **options}
     meta_trained, theta = lopt.pretrained.load_learned_optimizer_by_name("celo2_v5")
     assert lopt.pretrained.deployed_learned_optimizer("celo2_v5")[0] == type(meta_trained)(
         **{**meta_trained.config(), **options})

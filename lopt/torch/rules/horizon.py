@@ -26,7 +26,7 @@ def horizon_scale(reference: int, power: float, ctx: Context, items) -> torch.Te
 
 
 def horizon_scaled(inner: torch.optim.Optimizer, num_steps: Optional[int], reference: int, power: float = 1.0,
-                   *, role: Optional[Callable] = None) -> ScaledOptimizer:
+                   residual_power: float = 0.0, *, role: Optional[Callable] = None) -> ScaledOptimizer:
     """`inner` with every step times min(1, N_ref/N)^α (`lopt.rules.horizon.horizon_scaled`).
 
     Args:
@@ -34,12 +34,20 @@ def horizon_scaled(inner: torch.optim.Optimizer, num_steps: Optional[int], refer
       num_steps: the horizon N (None: factor 1).
       reference: N_ref, an int ≥ 0 (0: off).
       power: α ≥ 0.
+      residual_power: β of the learned residual's fade, as the JAX part's: a torch optimizer has no learned
+        residual, so only 0 is taken (Celo2LOpt's torch update applies β itself, `lopt.torch.archs.celo2_lopt`).
       role: accepted for symmetry with the other rules; unused.
 
     Returns:
       a `lopt.torch.rules.scaled.ScaledOptimizer`.
+
+    Raises:
+      ValueError: a constant out of range, or `residual_power` > 0.
     """
-    check_horizon_options(reference, horizon_power=power)
+    check_horizon_options(reference, horizon_power=power, residual_horizon_power=residual_power)
+    if residual_power > 0:
+        raise ValueError("horizon_scaled(residual_power > 0) fades a learned update's residual; a torch optimizer "
+                         "has none: leave residual_power at 0")
     if reference == 0 or num_steps is None:
         f = torch.ones((), dtype=torch.float32)
     else:

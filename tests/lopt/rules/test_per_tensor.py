@@ -1,6 +1,7 @@
-"""lopt.rules.per_tensor: the loss-aware decay and the growth limit act from outside a learned update on
-the quantities inside it (each tensor's step size, the learned residual), bit for bit the rules its
-architecture held as fields; a shipped record's rule chain (lopt.pretrained.rule_chain) builds them."""
+"""lopt.rules.per_tensor: the step-size rules (schedule, horizon with its residual fade, depth), the
+loss-aware decay and the growth limit act from outside a learned update on the quantities inside it
+(each tensor's step size, the learned residual), bit for bit the rules its architecture held as fields;
+a shipped record's rule chain (lopt.pretrained.rule_chain) builds them."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,6 +95,13 @@ def test_rule_fields_translate_to_a_chain_and_back():
     assert rules == record["rules"] and config == record["deploy_options"]
     assert rule_chain.from_fields("NormMLPLOpt", {"overshoot_gain": 0.2}) == (
         {}, [{"part": "overshoot_brake", "gain": 0.2, "threshold": 0.15}])
+    steps = {"schedule": "cosine", "horizon_reference": 2000, "depth_reference": 3}
+    assert rule_chain.from_fields("Celo2LOpt", steps)[1] == [
+        {"part": "scheduled", "name": "cosine"},
+        {"part": "horizon_scaled", "reference": 2000, "power": 0.5, "residual_power": 0.0},
+        {"part": "depth_scaled", "reference": 3, "power": 1.0}]
+    assert rule_chain.to_fields("Celo2LOpt", rule_chain.from_fields("Celo2LOpt", steps)[1]) == {
+        **steps, "horizon_power": 0.5, "residual_horizon_power": 0.0, "depth_power": 1.0}
     learned = {"wd_rate": 0.03, "wd_learned": True}  # a learned λ lives in theta: it stays on the architecture
     assert rule_chain.from_fields("Celo2LOpt", learned) == (learned, [])
     with pytest.raises(ValueError, match="unknown rule part"):
@@ -101,12 +109,38 @@ def test_rule_fields_translate_to_a_chain_and_back():
 
 
 def test_shipped_records_hold_their_rules_as_a_chain():
-    """No record keeps a moved rule among its deploy options; `deploy_options` still states them as fields."""
-    moved = {"wd_rate", "residual_no_growth", "conv_step_scale", "overshoot_gain"}
+    """A record's "rules" is its whole deploy chain: no rule among its deploy options, and the parts of the
+    rules its config was meta-trained with (translated, `from_fields`) lead it; `deploy_options` still states them
+    as fields (the form lopt.torch reads)."""
+    moved = {"schedule", "horizon_reference", "depth_reference", "wd_rate", "residual_no_growth", "conv_step_scale",
+             "overshoot_gain"}
     for name in lopt.pretrained.names():
         record = lopt.pretrained.info(name)
         assert not moved & set(record["deploy_options"]), name
+        meta_trained = rule_chain.from_fields(record["architecture"], record["config"])[1]
+        parts = [r["part"] for r in record["rules"]]
+        assert parts[:len(meta_trained)] == [r["part"] for r in meta_trained], name  # constants may differ (v5: β)
     assert [r["part"] for r in lopt.pretrained.info("celo2_v9")["rules"]] == [
-        "loss_aware_decay", "growth_limited", "conv_step_scaled"]
+        "scheduled", "horizon_scaled", "depth_scaled", "loss_aware_decay", "growth_limited", "conv_step_scaled"]
     assert lopt.pretrained.deploy_options("celo2_v9")["wd_loss_free"] == 3.0
+    assert lopt.pretrained.deploy_options("celo2_v9")["residual_horizon_power"] == 2.0
     assert lopt.pretrained.deployed_learned_optimizer("normmlp_v3")[0].overshoot_gain == 0.2
+
+
+def test_step_size_rules_outside_celo2_are_its_fields_bit_for_bit():
+    """scheduled, horizon_scaled (its residual fade included) and depth_scaled around Celo2LOpt multiply each
+    tensor's own step size (depth: the matrices') and fade the learned residual, as its fields did."""
+    fields = dict(schedule="cosine", horizon_reference=4, horizon_power=1.0, residual_horizon_power=2.0,
+                  depth_reference=1, depth_power=1.0)
+    inside = lopt.Celo2LOpt(**ARCH, **fields)
+    theta = inside.init(jax.random.key(1))
+    config, rules = rule_chain.from_fields("Celo2LOpt", inside.config())
+    assert [r["part"] for r in rules] == ["scheduled", "horizon_scaled", "depth_scaled"]
+    outside = rule_chain.apply(lopt.Celo2LOpt(**config, layout="cpu").opt_fn(theta, num_steps=10), rules,
+                               num_steps=10)
+    ref = updates(inside.opt_fn(theta, num_steps=10), params(), n=2)
+    assert_identical(ref, updates(outside, params(), n=2))
+    plain = updates(lopt.Celo2LOpt(**ARCH).opt_fn(theta, num_steps=10), params(), n=2)
+    assert not np.allclose(plain[1]["Dense_0"]["kernel"], ref[1]["Dense_0"]["kernel"])
+    with pytest.raises(ValueError, match="residual_power"):
+        lopt.rules.horizon_scaled(optax.adam(1e-3), 10, 4, residual_power=2.0)

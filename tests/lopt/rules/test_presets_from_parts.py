@@ -101,3 +101,62 @@ def test_celo2_v9_is_celo2_v8_inside_the_conv_step_part():
     assert same  # no conv kernel: the factor is 1.0, a float32 product that changes no bit
     rel, _ = updates_side_by_side(reference, rebuilt, convnet())
     assert rel.max() <= 1e-6, (rel.max(), int(rel.argmax()))
+
+
+# Pinned before the rules became parts (2026-12-07: Celo2LOpt still held schedule, horizon and depth as
+# fields): step 20's first four update entries and the sum of |update| over the 20 steps, per
+# (name, model, horizon), on `_pin_mlp` / `_pin_convnet` with `_pin_loss` (CPU, float32).
+PINNED = {
+    ("celo2_v9", "mlp", 6000): ([0.00023247490753419697, -0.00016774427786003798, -5.185216650716029e-05,
+                                 -0.00014520819240715355], 2.0429816246032715),
+    ("celo2_v9", "conv", 60): ([0.003838280215859413, -0.005449589341878891, -0.0006167260580696166,
+                                -0.007395533379167318], 190.1837615966797),
+    ("normmlp_v3", "conv", 6000): ([0.006998869124799967, -0.005749536212533712, -0.0012303207768127322,
+                                    -0.005700187757611275], 12.005393981933594),
+    ("celo2_v5", "mlp", 6000): ([0.00023247765784617513, -0.00016774627147242427, -5.185278132557869e-05,
+                                 -0.00014520992408506572], 1.999451994895935),
+}
+
+
+def _pin_mlp():
+    ks, dims = jax.random.split(jax.random.key(7), 8), [12, 16, 16, 16, 6]
+    return {f"Dense_{i}": {"kernel": jax.random.normal(ks[i], (dims[i], dims[i + 1])) / np.sqrt(dims[i]),
+                           "bias": jnp.zeros((dims[i + 1],))} for i in range(4)}
+
+
+def _pin_convnet():
+    ks = jax.random.split(jax.random.key(7), 4)
+    return {"Conv_0": {"kernel": jax.random.normal(ks[0], (3, 3, 2, 4)) / np.sqrt(18), "bias": jnp.zeros((4,))},
+            "Conv_1": {"kernel": jax.random.normal(ks[1], (3, 3, 4, 4)) / np.sqrt(36), "bias": jnp.zeros((4,))},
+            "Dense_0": {"kernel": jax.random.normal(ks[2], (16, 5)) / 4.0, "bias": jnp.zeros((5,))}}
+
+
+def _pin_loss(params, key):
+    total = 0.0
+    for i, p in enumerate(jax.tree_util.tree_leaves(params)):
+        target = jax.random.normal(jax.random.fold_in(key, i), p.shape) * 0.3
+        total = total + jnp.mean(jnp.tanh(p - target) ** 2) + 0.01 * jnp.sum(p ** 3) / p.size
+    return 5.0 * total
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,model,horizon", sorted(PINNED))
+def test_shipped_updates_match_the_numbers_pinned_before_the_parts(name, model, horizon):
+    """Every shipped name was compared over 20 steps on this MLP and convnet at horizons 60 and 6000 before
+    and after the rules became parts: bit for bit (40/40 cases). These four stay pinned."""
+    import warnings
+    import optax
+    import lopt.pretrained
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 6000 steps is past the meta-training horizons: a warning, as documented
+        tx = lopt.pretrained.load(name, num_steps=horizon, layout="cpu")
+    params = _pin_mlp() if model == "mlp" else _pin_convnet()
+    state, update, out = tx.init(params), jax.jit(lambda g, s, p, l: tx.update(g, s, p, loss=l)), []
+    for t in range(20):
+        loss, g = jax.value_and_grad(_pin_loss)(params, jax.random.key(t % 3))
+        u, state = update(g, state, params, loss)
+        out.append(np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(u)]))
+        params = optax.apply_updates(params, u)
+    first, total = PINNED[(name, model, horizon)]
+    np.testing.assert_allclose(out[-1][:4], first, rtol=1e-6)
+    np.testing.assert_allclose(float(np.abs(np.stack(out)).sum()), total, rtol=1e-6)
