@@ -25,7 +25,7 @@ transform. A learned ablation is told each task's step budget as its horizon and
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 
@@ -34,9 +34,10 @@ from lopt.base import LearnedOptimizer
 from lopt.parts import layout as layout_lib
 from lopt.pretrained import rule_chain
 from outer_trainers.evaluation.baselines.preset_rules import apply_chain, chain_without, parse_preset, record_chain
+from outer_trainers.evaluation.baselines.specs import RULES, parse_rules_baseline
 
 __all__ = ["PRETRAINED", "UNTRAINED", "Ablation", "is_ablation", "parse_ablation", "preset_architecture",
-           "ablated_theta", "ablation_tx", "ablation_specs"]
+           "ablated_theta", "ablation_tx", "ablation_specs", "rule_chains"]
 
 PRETRAINED = "pretrained:"
 UNTRAINED = "untrained:"
@@ -165,3 +166,26 @@ def ablation_specs(name: str, baseline: str = "adamw") -> list[str]:
         out += [f"{PRETRAINED}{name}-rules"] + [f"{PRETRAINED}{name}-{p}" for p in dict.fromkeys(parts)]
         out.append(f"rules:{name}@{baseline}")
     return out + [f"{UNTRAINED}{name}"]
+
+
+def rule_chains(specs: Sequence[str]) -> dict:
+    """The rule chain each ablation and rules spec among `specs` runs, read from the records now.
+
+    An evaluation's finished tasks are kept with these (`task_store`), so that runs made with another
+    chain (a record changed since) are neither resumed nor reused as baselines.
+
+    Args:
+      specs: optimizer and baseline specs (others are skipped).
+
+    Returns:
+      {spec: [rule dicts]} for each learned ablation (`is_ablation`) and "rules:" spec; {} for none.
+    """
+    out = {}
+    for spec in specs:
+        if is_ablation(spec):
+            ablation = parse_ablation(spec)
+            out[spec] = chain_without(record_chain(ablation.name), ablation.without)
+        elif isinstance(spec, str) and spec.startswith(RULES):
+            name, without, _, _ = parse_rules_baseline(spec)
+            out[spec] = chain_without(record_chain(name), without)
+    return out

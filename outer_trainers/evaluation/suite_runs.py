@@ -43,6 +43,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 
+from outer_trainers.evaluation.ablations import rule_chains
 from outer_trainers.evaluation.aggregate import performance_profile, summarize
 from outer_trainers.evaluation.curves import plot_curves, plot_performance_profile, save_curves
 from outer_trainers.evaluation.baselines import BaselineTuning, baseline_setup, schedule_index, tune_spec
@@ -310,11 +311,13 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
         raise ValueError(f"evaluate: {output_dir} already holds the results of an evaluation ({', '.join(existing)}); "
                          f"choose another --output_dir or pass --overwrite to replace them")
     opts = [resolve_optimizer(s, label) for s, label in zip(specs, optimizer_labels(specs))]
+    chains = rule_chains(list(specs) + list(baselines))  # ablation and rules specs: their chains, read now
     store = TaskStore(output_dir, {"optimizers": [[o["label"], spec_identity(o["spec"])] for o in opts],
                                    "baselines": list(baselines), "grids": {b: list(map(float, g)) for b, g in grids.items()},
                                    "momentum": momentum, "weight_decay": weight_decay, "max_extensions": max_extensions,
                                    "tuning": tuning.describe(), "stage1_seeds": tuning.stage1_seeds,
-                                   "valid_split": valid_split, "valid_points": valid_points, "time_steps": time_steps},
+                                   "valid_split": valid_split, "valid_points": valid_points, "time_steps": time_steps,
+                                   **({"rule_chains": chains} if chains else {})},
                       overwrite=overwrite)
     earlier = None if baselines_from is None else TaskStore(baselines_from, store.settings)
     if baselines_from is not None and not os.path.isdir(os.path.join(baselines_from, FINISHED_DIR)):

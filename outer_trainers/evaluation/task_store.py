@@ -98,7 +98,8 @@ class TaskStore:
         """The runs of `baselines` on task `name` that this store's record holds, for another evaluation.
 
         The record must have been made with the same settings as that evaluation (`self.settings` here
-        being the other evaluation's) except for the optimizers under test.
+        being the other evaluation's) except for the optimizers under test; a "rules:" baseline also with
+        the same rule chain ("rule_chains", `ablations.rule_chains`).
 
         Args:
           name: the task's name.
@@ -118,14 +119,20 @@ class TaskStore:
             return None, f"unreadable record ({e})"
         saved = json.loads(record["fingerprint"])
         current = json.loads(self.fingerprint(task_settings))
+        chains = []
         for doc in (saved, current):
             doc["evaluation"].pop("optimizers", None)
             doc["evaluation"].pop("baselines", None)
+            chains.append(doc["evaluation"].pop("rule_chains", {}))
         if saved != current:
             return None, f"other settings ({_differences(json.dumps(saved), json.dumps(current))})"
         runs = {b: [r for r in record["data"]["runs"] if r["optimizer"] == b] for b in baselines}
-        missing = [b for b, own in runs.items() if not own]
-        return ({b: own for b, own in runs.items() if own} or None), (f"no runs of {', '.join(missing)}" if missing else "")
+        other_chain = [b for b, own in runs.items() if own and chains[0].get(b) != chains[1].get(b)]
+        runs = {b: ([] if b in other_chain else own) for b, own in runs.items()}
+        missing = [b for b, own in runs.items() if not own and b not in other_chain]
+        why = ([f"no runs of {', '.join(missing)}"] if missing else []) + (
+            [f"{', '.join(other_chain)} ran with another rule chain (the record changed since)"] if other_chain else [])
+        return ({b: own for b, own in runs.items() if own} or None), "; ".join(why)
 
     def save(self, name: str, task_settings: dict, data: dict) -> None:
         """Writes task `name`'s record atomically (`lopt.file_io.atomic_write_bytes`)."""

@@ -253,3 +253,25 @@ def test_a_shipped_names_ablations_are_its_architecture_inside_the_rest_of_its_c
                             want, convnet())
     assert_same_updates(ablations.ablation_tx(ablations.parse_ablation(f"pretrained:{name}-rules"), HORIZON),
                         learned_opt.opt_fn(theta, num_steps=HORIZON), convnet())
+
+
+def test_rules_baselines_run_with_another_chain_are_not_reused(tmp_path, monkeypatch):
+    """A finished task keeps the chains its ablation and rules specs ran with (`rule_chains`): an evaluation that
+    reuses its baselines (--baselines_from) takes a rules baseline only where its chain is the same."""
+    from outer_trainers.evaluation.task_store import TaskStore
+    spec, other = "rules:celo2_v9-growth_limited@adamw", "adamw:tuned"
+    chains = ablations.rule_chains(["pretrained:celo2_v9-rules", spec, other, "untrained:celo2_v9-conv_step_scaled"])
+    chain = lopt.pretrained.info("celo2_v9")["rules"]
+    assert chains == {"pretrained:celo2_v9-rules": [], spec: [r for r in chain if r["part"] != "growth_limited"],
+                      "untrained:celo2_v9-conv_step_scaled": [r for r in chain if r["part"] != "conv_step_scaled"]}
+    task = {"name": "t", "num_steps": 10}
+    runs = {"runs": [{"optimizer": spec, "x": 1}, {"optimizer": other, "x": 2}]}
+    TaskStore(str(tmp_path), {"grids": [1], "rule_chains": {spec: chains[spec]}}).save("t", task, runs)
+    earlier = lambda settings: TaskStore(str(tmp_path), settings)
+    same, why = earlier({"grids": [1], "rule_chains": {spec: chains[spec]}}).baseline_runs("t", task, [spec, other])
+    assert set(same) == {spec, other} and why == ""
+    changed = {spec: chains[spec] + [{"part": "growth_limited", "free": 1.0}]}
+    reused, why = earlier({"grids": [1], "rule_chains": changed}).baseline_runs("t", task, [spec, other])
+    assert set(reused) == {other} and why == f"{spec} ran with another rule chain (the record changed since)"
+    with pytest.raises(ValueError, match=r"other settings \(evaluation.rule_chains\)"):
+        earlier({"grids": [1], "rule_chains": changed}).load("t", task)  # nor is the finished task resumed
