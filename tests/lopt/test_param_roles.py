@@ -128,7 +128,8 @@ def _rms(x):
     return float(np.sqrt(np.mean(np.square(np.asarray(x, np.float64)))))
 
 
-@pytest.mark.parametrize("framework", ["flax", pytest.param("haiku", marks=pytest.mark.slow)])  # haiku: slow tier
+@pytest.mark.slow  # the fan-in rule itself is fast in test_norm_mlp_lopt (test_fan_in_ref_gives_mup_steps)
+@pytest.mark.parametrize("framework", ["flax", "haiku"])
 def test_each_layer_kind_takes_the_intended_mup_step(framework):
     """One step of fan_in_ref c₀ = 64: every element of a matrix moves by base_lr · rms(p₀) · √(64/fan_in)
     with fan_in its true one (a flax query kernel [64, 4, 16]: 64, not the 256 of ∏ shape[:-1]; its

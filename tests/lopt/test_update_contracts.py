@@ -44,7 +44,7 @@ DIFFERENTIATED = tuple(SHIPPED_FOR.get(name, name) for name in builtin_architect
 
 # Differentiating the largest updates takes minutes on 2 cores: those are the slow tier (the same check's code runs
 # fast on the others).
-SLOW_TO_DIFFERENTIATE = {"HyperLOpt", "AdafacMLPLOpt", "Celo", "CeloAdam", "celo2_v5", "normmlp_v3"}
+SLOW_TO_DIFFERENTIATE = {"HyperLOpt", "AdafacMLPLOpt", "Celo", "CeloAdam", "celo2_v5", "normmlp_v3", "RNNMLPLOpt"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=(pytest.mark.slow,) if n in SLOW_TO_DIFFERENTIATE else ())

@@ -67,6 +67,7 @@ def _pes_run(num_devices, num_tasks=4, truncs=3):
     return est, theta, state, np.stack(grads), np.asarray(losses)
 
 
+@pytest.mark.slow  # test_sharded_truncated_pes checks the sharded estimate fast, on 4 devices
 @pytest.mark.multidevice
 def test_truncated_pes_shards_over_all_devices_with_the_one_device_estimate(compile_counter):
     if jax.device_count() < 4:

@@ -1,4 +1,5 @@
-"""Smoke test of scripts/benchmark_distributed.py: one tiny configuration, numbers that make sense."""
+"""scripts/benchmark_distributed.py: the local run's figures (fast tier) and one tiny configuration of the
+whole benchmark, Ray included (slow tier: it starts a local Ray instance)."""
 import re
 
 import pytest
@@ -6,6 +7,16 @@ import pytest
 import benchmark_distributed  # scripts/ is on sys.path via tests/conftest.py
 
 
+def test_local_run_times_the_estimate_and_the_learners_step():
+    """The local row without Ray: estimates per second is 1 / (step time), the step's overhead is what the
+    learner adds after the estimate, all positive and finite."""
+    r = benchmark_distributed.bench_local("a", steps=2, warmup=1)
+    assert set(r) == {"est_s", "worker_ms", "overhead_ms", "step_overhead_ms"}
+    assert r["est_s"] > 0 and r["worker_ms"] > 0 and r["overhead_ms"] == 0.0 and r["step_overhead_ms"] >= 0
+    assert 1e3 / r["est_s"] >= r["worker_ms"]  # a step is its estimate plus the learner's update
+
+
+@pytest.mark.slow
 @pytest.mark.xdist_group("ray")  # it starts a local Ray instance: on the worker of the other Ray tests
 def test_benchmark_distributed_smoke(capsys):
     benchmark_distributed.main(["--problems", "a", "--workers", "1", "--steps", "2", "--warmup", "1"])

@@ -2,12 +2,14 @@
 import benchmark_estimators as be
 import jax
 import numpy as np
+import pytest
 
 import lopt
 import outer_trainers as ot
 import tasks
 
 
+@pytest.mark.slow
 def test_breakdown_parts():
     lo = lopt.MLPLOpt()
     theta = lo.init(jax.random.key(0))

@@ -283,6 +283,7 @@ def test_shipped_v3_loads_with_the_brake_and_v2_without():
     assert isinstance(pre.load("normmlp_v2", num_steps=10).init(params), lopt.NormMLPLOptState)
 
 
+@pytest.mark.slow
 def test_deployed_v3_brakes_on_the_digits_autoencoder():
     """On the 64-32-8-32-64 ReLU autoencoder of digits (MSE, batch 64, horizon 1500), where the shipped
     normmlp_v3's learned step overshoots after its warm-up (docs/pretrained.md), the brake engages:

@@ -31,6 +31,7 @@ def test_schedule_swaps_estimators_every_period(learner):
     assert state.step == 5
 
 
+@pytest.mark.slow
 def test_schedule_resume_matches_a_straight_run(learner, tmp_path):
     policy = ot.CheckpointPolicy(every_steps=1, every_seconds=None)
     straight = ot.outer_train(learner, ot.EstimatorSchedule(2, _make), num_steps=5,

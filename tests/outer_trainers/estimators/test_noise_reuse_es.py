@@ -1,6 +1,7 @@
 """NoiseReuseES: ε reused within an episode, lower variance than PES (the rest: test_estimator_contract)."""
 import jax
 import numpy as np
+import pytest
 
 import outer_trainers as ot
 from tests.outer_trainers.estimators import estimator_checks as C
@@ -19,6 +20,7 @@ def test_eps_reused_within_episode_and_redrawn_after_reset():
     assert not np.allclose(eps[2], eps[3])
 
 
+@pytest.mark.slow
 def test_nres_variance_below_pes_for_long_episodes():
     """Influence balancing, 100 truncations of one episode: PES's variance grows with ξ, NRES's
     does not (measured ratio ≈ 16; asserted with a wide margin)."""

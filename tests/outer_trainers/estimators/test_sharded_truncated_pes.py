@@ -64,7 +64,7 @@ def four_devices():
 
 
 @pytest.mark.multidevice
-@pytest.mark.parametrize("num_devices", [1, 2, 4])
+@pytest.mark.parametrize("num_devices", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow), 4])
 def test_matches_truncated_pes_on_devices(four_devices, num_devices):
     est, state = _assert_matches_pes(C.quadratic_step(), C.theta0(), 8, num_devices=num_devices, offset=5)
     leaf = jax.tree_util.tree_leaves(state.inner_state)[0]
@@ -83,6 +83,7 @@ def _noisy_step():
     return lopt_step(QuadraticFamily(2, noise_std=0.5), lopt.LearnableSGDM(0.1, 0.5), 5)
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_share_data_changes_keys_only_across_devices(four_devices):
     """share_data=True: device d's particle j reuses device 0's particle-j step keys, so on one

@@ -352,6 +352,7 @@ def test_a_suite_validates_a_learned_optimizer(tmp_path):
     assert set(json.load(open(tmp_path / "cache.json"))["tasks"]) == {t.name for t in sel.plan}
 
 
+@pytest.mark.slow
 def test_the_held_out_objective_tunes_on_validation_and_scores_held_out_loss(monkeypatch):
     """objective="held_out": the baseline's rate is the protocol's (`best_runs` on final validation loss, as
     scripts/evaluate.py tunes), theta is scored on the held-out loss after training (wins, ratios and IQM
