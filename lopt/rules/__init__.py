@@ -17,14 +17,19 @@
   step size η, the learned residual): `loss_aware_decay(tx, None, ...)` and `growth_limited` around a
   learned update act inside it, as its architecture would.
 
-A shipped optimizer's record lists its rules as a chain of these parts (`lopt.pretrained.rule_chain`);
-the weight-decay rule's λ can also be meta-trained with the rest of theta (Celo2LOpt's `wd_learned`).
+- `chain`: a rule chain given as data (a list of {"part": NAME, constants}), wrapped innermost first
+  (`chain.apply`); a shipped optimizer's record holds one (`lopt.pretrained.rule_chain`).
+- `learned`: a learned optimizer inside a chain whose constants are meta-parameters in theta
+  (`learned.with_rules(lo, chain, learnable=("loss_aware_decay.rate", ...))`), so meta-training learns them.
 """
+from lopt.rules import chain, learned
 from lopt.rules.conv_step import conv_step_scaled
 from lopt.rules.depth import depth_scaled
 from lopt.rules.horizon import horizon_scaled
 from lopt.rules.radial import growth_limited
 from lopt.rules.schedule import scheduled
+from lopt.rules.learned import with_rules
 from lopt.rules.weight_decay import loss_aware_decay
 
-__all__ = ["scheduled", "horizon_scaled", "depth_scaled", "conv_step_scaled", "loss_aware_decay", "growth_limited"]
+__all__ = ["scheduled", "horizon_scaled", "depth_scaled", "conv_step_scaled", "loss_aware_decay", "growth_limited",
+           "with_rules"]

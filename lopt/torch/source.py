@@ -74,16 +74,27 @@ def resolve(source: Any) -> Source:
             return Source(learned_opt, _numpy(theta), text)
         if os.path.exists(text):
             learned_opt, theta = lopt.load_learned_optimizer(text)
-            return Source(learned_opt, _numpy(theta), text)
+            return _unwrapped(Source(learned_opt, _numpy(theta), text))
         known = ", ".join(repr(n) for n in lopt.pretrained.names() + lopt.published.names()) or "none"
         raise ValueError(f"unknown pretrained optimizer {text!r} (and no theta file at that path); shipped: {known}. "
                          f"Pass a shipped name, the path of a lopt.save_theta file, or a (learned_opt, theta) pair")
     if isinstance(source, (tuple, list)) and len(source) == 2 and isinstance(source[0], LearnedOptimizer):
         learned_opt, theta = source
         learned_opt.check_theta(theta, "lopt.torch.optimizer")
-        return Source(learned_opt, _numpy(theta), f"{learned_opt.name} pair")
+        return _unwrapped(Source(learned_opt, _numpy(theta), f"{learned_opt.name} pair"))
     raise TypeError(f"lopt.torch.optimizer: source must be a shipped name ({lopt.pretrained.names()}), a theta file "
                     f"path or a (learned_opt, theta) pair, got {type(source).__name__}")
+
+
+def _unwrapped(src: Source) -> Source:
+    """A `lopt.rules.learned.RuledLOpt` source as its inner architecture with the chain as fields
+    (`lopt.torch.rules.learned.deployed`); any other source unchanged."""
+    from lopt.rules.learned import RuledLOpt
+    if not isinstance(src.learned_opt, RuledLOpt):
+        return src
+    from lopt.torch.rules.learned import deployed
+    learned_opt, theta = deployed(src.learned_opt, src.theta)
+    return dataclasses.replace(src, learned_opt=learned_opt, theta=theta)
 
 
 def check_horizon(src: Source, num_steps: Any, where: str = "num_steps") -> Optional[int]:

@@ -54,9 +54,13 @@ from lopt.torch.rule import Context, Rule, register
 from lopt.torch.rules.horizon import horizon_scale
 from lopt.torch.rules.schedule import prior_schedule
 from lopt.parts.features import loss_state_field
+from lopt.torch.rules.learned import RuledLOptRule
 from lopt.torch.rules.weight_decay import decay_rate, loss_factors
 
 __all__ = ["Celo2LOptRule"]
+
+# lopt.rules.with_rules(...) around Celo2LOpt (or another architecture): its inner rule, the chain as its fields
+register("RuledLOpt")(RuledLOptRule)
 
 
 @register("Celo2LOpt")

@@ -186,6 +186,19 @@ def test_other_configs_match(name):
     check_parity(learned_opt, perturbed(learned_opt.init(jax.random.key(1)), jax.random.key(2)))
 
 
+def test_learnable_rule_constants_match():
+    """A RuledLOpt (`lopt.rules.with_rules`): celo2_v9's chain around a Celo2LOpt, three constants learnable and
+    moved off their initial values; torch runs it with the chain as the architecture's fields."""
+    from lopt.rules import learned
+    chain = lopt.pretrained.info(lopt.pretrained.RECOMMENDED)["rules"]
+    lo = learned.with_rules(lopt.Celo2LOpt(), chain, learnable=("loss_aware_decay.rate", "horizon_scaled.power",
+                                                                "depth_scaled.power"))
+    theta = perturbed(lo.init(jax.random.key(1)), jax.random.key(2))
+    theta["rules"] = {"loss_aware_decay": {"rate": np.float32(0.7)}, "horizon_scaled": {"power": np.float32(-0.4)},
+                      "depth_scaled": {"power": np.float32(0.5)}}
+    check_parity(lo, theta)
+
+
 @pytest.mark.parametrize("name", ["MLPLOpt", "AdafacMLPLOpt", "NormMLPLOpt", "Celo2LOpt"])
 def test_small_blocks_match(name):
     """chunk_size=8: every tensor is walked in many blocks (a partial last one included)."""
