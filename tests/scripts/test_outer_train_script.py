@@ -39,8 +39,13 @@ def test_quickstart_runs_with_overridden_steps(tmp_path):
     assert "train.theta_ema = 0.99" in (out / "config.gin").read_text()
     _, last = lopt.load_learned_optimizer(str(out / "theta_last.msgpack"))
     assert jax.tree_util.tree_structure(last) == jax.tree_util.tree_structure(theta)
+    # README's quickstart: meta-trained for the held-out loss at the end of training, Adam on warm-up + cosine
+    config = (out / "config.gin").read_text()
+    assert "train.meta_loss_split = 'outer_valid'" in config and "train.meta_loss_end_power = 3.0" in config
     table = (out / "comparison.md").read_text()
     assert "| learned |" in table and "(best Adam)" in table
+    assert "Adam: a linear warm-up from 0 over 1 steps, then cosine decay to 0 at step 20;" in table
+    assert "| adam:cosine(lr=" in table and "| adam(lr=" not in table
     assert "| learned |" in r.stdout
     assert "train.num_steps = 3" in (out / "config.gin").read_text()
     # piped, not a terminal: plain progress lines (at least the last step's), no carriage-return bar redraws
