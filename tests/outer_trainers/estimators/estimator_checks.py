@@ -74,6 +74,67 @@ def collect(est, theta, num_truncs: int, replicates: int, seed: int = 0) -> np.n
     return out
 
 
+# The statistical check's design: an unbiased estimator fails it with probability ≤ ALPHA, and a bias of
+# REL_BIAS × (the largest |exact gradient| of its truncation) in any element is caught with probability ≥ POWER.
+ALPHA, REL_BIAS, POWER = 1e-3, 0.25, 0.99
+PILOT, MAX_REPLICATES = 8, 400
+
+
+def sample_size(pilot: np.ndarray, ref: np.ndarray, *, alpha: float = ALPHA, rel_bias: float = REL_BIAS,
+                power: float = POWER) -> tuple[int, float]:
+    """The replicates a mean test needs, and its threshold, computed from a pilot's spread.
+
+    The test passes when every element's |mean − ref| / SE < z*. With K elements (truncations × |θ|),
+    z* = Φ⁻¹(1 − α / (2K)) (Bonferroni): an unbiased estimator fails with probability ≤ α. A bias b in an
+    element of per-replicate standard deviation σ moves its z-score by √n · b / σ, so it is caught with
+    probability ≥ `power` once
+
+        n ≥ ((z* + Φ⁻¹(power)) · σ / b)²,     b = rel_bias · max |ref| over that truncation's elements,
+
+    taken over every element (σ from the pilot, ddof 1; the normal approximation of the t statistic).
+
+    Args:
+      pilot: [replicates, num_truncs, |θ|] estimates of a pilot run (≥ 2 replicates).
+      ref: [num_truncs, |θ|] the exact gradients the mean should equal.
+      alpha: the false-alarm probability of the whole test.
+      rel_bias: the smallest relative bias the test must detect.
+      power: the probability of detecting it.
+
+    Returns:
+      (n, z*): the number of replicates (≥ the pilot's) and the z threshold.
+    """
+    from statistics import NormalDist
+    z_star = NormalDist().inv_cdf(1 - alpha / (2 * ref.size))
+    z_power = NormalDist().inv_cdf(power)
+    sigma = pilot.std(0, ddof=1)
+    bias = rel_bias * np.abs(ref).max(axis=-1, keepdims=True)
+    n = int(np.ceil(np.max(((z_star + z_power) * sigma / np.maximum(bias, 1e-30)) ** 2)))
+    return max(n, pilot.shape[0]), z_star
+
+
+def collect_for_test(est, theta, ref: np.ndarray, first_only: bool = False) -> tuple[np.ndarray, float]:
+    """Estimates of as many replicates as `sample_size` says the mean test needs, and its threshold.
+
+    A pilot of PILOT replicates sets the size; the rest are drawn with other keys and joined to it.
+
+    Args:
+      est: the estimator.
+      theta: meta-parameters.
+      ref: [num_truncs, |θ|] exact gradients of the truncations collected.
+      first_only: size the test on the first truncation alone (estimators unbiased only there).
+
+    Returns:
+      (samples [n, num_truncs, |θ|], z*).
+    """
+    pilot = collect(est, theta, len(ref), PILOT, seed=0)
+    n, z_star = sample_size(pilot[:, :1] if first_only else pilot, ref[:1] if first_only else ref)
+    assert n <= MAX_REPLICATES, (f"{est!r}: the mean test needs {n} replicates (> {MAX_REPLICATES}) to see a "
+                                 f"{REL_BIAS:.0%} bias: the estimator's spread is too large for this check")
+    if n == PILOT:
+        return pilot, z_star
+    return np.concatenate([pilot, collect(est, theta, len(ref), n - PILOT, seed=1)]), z_star
+
+
 def z_scores(samples: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """(mean − ref) / standard error, elementwise over [num_truncs, dim θ]."""
     mean = samples.mean(0)
@@ -87,10 +148,10 @@ def assert_unbiased(samples: np.ndarray, ref: np.ndarray, max_z: float = 3.0) ->
                                       f"z =\n{np.round(z, 2)}\nmean =\n{samples.mean(0)}\nexact =\n{ref}"
 
 
-def assert_matches(samples: np.ndarray, ref: np.ndarray, stochastic: bool) -> None:
-    """An ES estimator's mean is within 3 SE of `ref`; a backprop one's every sample equals it."""
+def assert_matches(samples: np.ndarray, ref: np.ndarray, stochastic: bool, max_z: float = 3.0) -> None:
+    """An ES estimator's mean is within `max_z` SE of `ref`; a backprop one's every sample equals it."""
     if stochastic:
-        assert_unbiased(samples, ref)
+        assert_unbiased(samples, ref, max_z)
     else:
         np.testing.assert_allclose(samples, np.broadcast_to(ref, samples.shape), rtol=1e-4, atol=1e-7)
 
