@@ -111,17 +111,18 @@ def format_comparison(results: dict, num_steps: int) -> str:
 
     Returns:
       a line saying Adam's schedule over the `num_steps` (its warm-up steps and decay; the grid is over
-      its peak rate, the best chosen by median validation loss), then the table: one row per optimizer with its final train loss (median over tasks, and mean), its
-      median final validation loss (which picks the best Adam) and mean eval loss, to 3 significant
-      digits; below it, when Adam has a best rate, when the
-      learned optimizer reaches that Adam's final train loss and the speedup
+      its peak rate, the best chosen by median validation loss), then the table: one row per
+      optimizer with its final train loss (median over tasks, and mean), its median final
+      validation loss (which picks the best Adam) and mean eval loss, to 3 significant digits; below
+      it, when Adam has a best rate, when the learned optimizer reaches that Adam's final train loss
+      and the speedup
       (`outer_trainers.evaluation.protocol`), whether the best rate is still on the grid's edge, and a note
       when every Adam learning rate diverged (no best Adam).
     """
     proto = results.get("protocol") or {}
     lines = [_schedule_caption(proto.get("adam_schedule", "constant"), proto.get("warmup_steps", 0), num_steps), ""]
     lines += [f"| optimizer ({num_steps} inner steps) | final train loss, median | mean | validation loss, median | "
-             f"eval loss, mean |", "|---|---|---|---|---|"]
+              f"eval loss, mean |", "|---|---|---|---|---|"]
     for name, r in results.items():
         if name in ("best_adam", "protocol"):
             continue
