@@ -32,6 +32,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from lopt.pretrained import RECOMMENDED
+
 TRAIN_MODULES = ("argparse", "json.decoder", "json.encoder", "collections", "inspect", "typing", "dataclasses",
                  "textwrap", "shutil", "tempfile", "pathlib", "logging", "functools", "contextlib")
 VALID_MODULES = ("enum", "string", "fractions", "statistics")
@@ -116,7 +118,7 @@ def run(kind: str, rate: Optional[float], seed: int, flags, data: dict) -> dict:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     """Runs every setup for every seed; prints the markdown table and returns the results."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--source", default="celo2_v5")
+    ap.add_argument("--source", default=RECOMMENDED, help="a shipped name (default: lopt.pretrained.RECOMMENDED)")
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--length", type=int, default=64)
