@@ -36,7 +36,7 @@ def test_quickstart_runs_with_overridden_steps(tmp_path):
     lo, theta = lopt.load_learned_optimizer(str(out / "theta_final.msgpack"))
     assert isinstance(lo, lopt.NormMLPLOpt) and lo.schedule == "cosine" and lo.relative_step
     # the quickstart averages theta (train.theta_ema): theta_final is the average, theta_last the last theta
-    assert "train.theta_ema = 0.99" in (out / "config.gin").read_text()
+    assert "train.theta_ema = 0.995" in (out / "config.gin").read_text()
     _, last = lopt.load_learned_optimizer(str(out / "theta_last.msgpack"))
     assert jax.tree_util.tree_structure(last) == jax.tree_util.tree_structure(theta)
     # README's quickstart: meta-trained for the held-out loss at the end of training, Adam on warm-up + cosine
