@@ -34,6 +34,7 @@ def _strict_json(path):
     return json.loads(path.read_text(), parse_constant=refuse)
 
 
+@pytest.mark.slow  # the fast tier runs the script end to end in the scheduled-AdamW test below
 def test_tiny_task_list_writes_every_file_with_tuned_baselines(evaluate_script, tmp_path):
     theta_path = _theta(tmp_path)
     out = tmp_path / "eval"

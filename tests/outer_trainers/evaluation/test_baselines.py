@@ -45,7 +45,7 @@ def test_muon_orthogonalises_a_matrix_update_and_adam_steps_the_rest():
     np.testing.assert_allclose(updates["b"], -0.1 * (1 + 0.9 * 0.1 / 0.19) * np.sign(grads["b"]), rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["muon", "adamw"])
+@pytest.mark.parametrize("name", [pytest.param("muon", marks=pytest.mark.slow), "adamw"])  # the same grid code
 def test_muon_and_adamw_tuned_over_their_grids_pick_a_rate_inside_it(name):
     fam = tasks.ImageMLPFamily("digits", (16,), batch_size=32, init_scale_range=(1.0, 1.0), activations=("tanh",))
     cfgs, keys = task_draws(fam, (0, 1))

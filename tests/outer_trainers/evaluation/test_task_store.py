@@ -36,6 +36,7 @@ def _evaluate(out, theta, baselines=("adam",), num_steps=8, log=None, **kwargs):
                                plots=False, tuning=BaselineTuning(max_extensions=0), log=log, **kwargs)
 
 
+@pytest.mark.slow  # the fast tier keeps the refusal of another record's settings (the store's key)
 def test_a_stopped_evaluation_resumes_with_the_tasks_it_finished(tmp_path, monkeypatch):
     theta, out = _theta(tmp_path / "theta.msgpack"), tmp_path / "eval"
     stopped = _StopsOnce(stop_at=2)
@@ -98,6 +99,7 @@ def test_an_unreadable_record_is_named(tmp_path):
     assert store.path("a/b") .endswith("a_b.pkl")
 
 
+@pytest.mark.slow
 def test_baselines_from_reuses_an_earlier_evaluations_tuned_baselines(tmp_path, monkeypatch):
     first, second = _theta(tmp_path / "a.msgpack"), str(tmp_path / "b.msgpack")
     lo = lopt.LearnableSGD(0.03)
