@@ -42,34 +42,20 @@ z = [emb(t) (T), progress(t, N) (3), loss features (2)] (`lopt.parts.features`) 
     η_matrix = `matrix_lr` · exp(`log_lr_range` · tanh(s_0)),   η_adam = `adam_lr` · exp(`log_lr_range` · tanh(s_1))
 
 Its output layer starts at zero, so a fresh theta steps at exactly `matrix_lr` and `adam_lr`; no
-theta moves η by more than a factor e^`log_lr_range` either way. With `schedule="cosine"` both
-multiply a fixed warm-up + cosine decay over the horizon N (`lopt.rules.schedule`); with
-`horizon_reference` N_ref > 0 both also multiply min(1, N_ref/N)^`horizon_power` (`lopt.rules.horizon`),
-a fixed law for horizons longer than the meta-trained ones, and the learned residual MLP(x)
-multiplies min(1, N_ref/N)^`residual_horizon_power`, so that past N_ref the direction returns
-towards Muon's (a fresh theta's), which is what the learned direction was trained to improve on
-short runs. With `depth_reference` D_ref > 0, η_matrix also multiplies min(1, D_ref/D)^`depth_power`,
-D the number of tensors that take the orthogonalized update (`lopt.rules.depth`): in a chain of D
-layers each layer's update moves the output, so deeper plain MLPs need smaller steps per layer
-(measured: docs/pretrained.md). With `conv_step_scale` c ≠ 1 both step sizes multiply c in a model
-that has a conv kernel (`lopt.param_roles`: a role with spatial axes), its dense head and biases
-included: the convnets measured under-fit at the MLPs' step sizes (docs/pretrained.md). With
-`overshoot_gain` > 0 every
-step is scaled by `lopt.rules.overshoot_brake`'s α_t ≤ 1.
+theta moves η by more than a factor e^`log_lr_range` either way.
 
-With `wd_rate` λ₀ > 0 the weight-decay rule (`lopt.rules.weight_decay`) adds Δp −= η · λ · p to every
-tensor whose role's kind is in `wd_roles` (default: matrices), η the step size of that tensor's own
-path (η_matrix or η_adam, schedule, horizon and depth factors included); λ = λ₀, or with
-`wd_learned` λ₀ · exp(`wd_log_range` · tanh(s)), s = theta["weight_decay"]["s"] a meta-parameter;
-with `wd_loss_power` p > 0, λ also multiplies clip((ℓ_0 / (ρ_free · ℓ̄_t))^p, 1, `wd_loss_max`), ℓ_0
-the first training loss given, ℓ̄_t the loss EMA and ρ_free = `wd_loss_free`: the decay grows once
-the training loss falls more than ρ_free-fold below its start. With `wd_conv_loss_free` > 0 conv
-kernels (`lopt.param_roles`: roles with spatial axes) take that ρ_free instead.
-
-With `residual_no_growth` the learned residual r = MLP(x) (after the fade) loses its component
-along p that would grow ‖p‖ before it enters u, r ← r − min(0, ⟨r, p⟩) / ⟨p, p⟩ · p, in every
-matrix with rms(p) · √fan_in > g = `residual_growth_free` (`lopt.rules.radial`). Muon's direction
-b is untouched.
+Deploy rules. Each is a part of `lopt.rules`, with its math in that part's docstring, that reaches
+the quantities inside this update through `lopt.rules.per_tensor` (each tensor's step size η, its
+decay λ inside the bracket, the learned residual r = MLP(x) before it enters u), whether it is
+wrapped around `opt_fn`'s transform (a record's rule chain, `lopt.pretrained.rule_chain`) or held
+as the fields below (older configs; `field_rules` builds the same parts from them, applied first):
+`schedule` (σ(t, N), `lopt.rules.schedule`), `horizon_reference`/`horizon_power`/`residual_horizon_power`
+(h(N) on η, the fade on r: `lopt.rules.horizon`), `depth_reference`/`depth_power` (η_matrix:
+`lopt.rules.depth`), `conv_step_scale` (both η in a model with a conv kernel: `lopt.rules.conv_step`),
+`wd_*` (the loss-aware decoupled decay η·λ·p, λ learned in theta["weight_decay"]["s"] with
+`wd_learned`: `lopt.rules.weight_decay`), `residual_no_growth`/`residual_growth_free` (the growth
+limit on r: `lopt.rules.radial`) and `overshoot_gain`/`overshoot_threshold` (every step × α_t ≤ 1,
+`lopt.rules.overshoot_brake`, around the transform). Muon's direction b is never changed by a rule.
 """
 from __future__ import annotations
 
@@ -93,6 +79,7 @@ from lopt.parts.nn import later_layers, residual_mlp_init
 from lopt.parts.spec import ArchSpec, iteration_field
 from lopt.parts.step_size import LearnedStepSizes, step_size_head_init
 from lopt.rules import conv_step, depth, horizon, overshoot_brake, per_tensor, radial, schedule, weight_decay as wd_rule
+from lopt.rules.scaled import StepScaleRule
 
 DECAYS = (0.5, 0.95, 0.99)
 # elements per block of the per-parameter MLP with the CPU layout: a block's features and hidden units stay in cache
@@ -234,27 +221,13 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
         return jnp.asarray([self.matrix_lr, self.adam_lr], jnp.float32)
 
     def depth_scale(self, num_matrices: int) -> float:
-        """The matrix step size's depth factor, min(1, D_ref/D)^γ (`lopt.rules.depth`; 1 when
-        `depth_reference` is 0).
-
-        Args:
-          num_matrices: D, the number of orthogonalized tensors (`depth.matrix_depth`), a static int.
-
-        Returns:
-          the factor, a Python float in (0, 1].
-        """
+        """The matrix step size's depth factor min(1, D_ref/D)^γ, a Python float in (0, 1] (`lopt.rules.depth`;
+        1 when `depth_reference` is 0), D = `num_matrices` (`depth.matrix_depth`, a static int)."""
         return depth.depth_scale(num_matrices, self.depth_reference, self.depth_power)
 
     def model_scale(self, roles) -> float:
-        """The factor both step sizes multiply for a whole model: `conv_step_scale` when one of its
-        parameters is a conv kernel, else 1 (`lopt.rules.conv_step.model_scale`).
-
-        Args:
-          roles: every parameter's `lopt.param_roles.ParamRole` (static).
-
-        Returns:
-          a Python float.
-        """
+        """The factor both step sizes multiply for a whole model, a Python float: `conv_step_scale` when one of
+        its parameters' `roles` (static `lopt.param_roles.ParamRole`s) is a conv kernel, else 1 (`conv_step.model_scale`)."""
         return conv_step.model_scale(roles, self.conv_step_scale)
 
     def spec(self) -> ArchSpec:
@@ -292,6 +265,44 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             theta[wd_rule.THETA_KEY] = wd_rule.theta_init()
         return theta
 
+    def field_rules(self, theta: dict, iteration: jax.Array, num_steps: Optional[Any], roles: list, shapes: list,
+                    loss_start: Optional[jax.Array], loss_ema: jax.Array) -> tuple:
+        """The rules this config holds as fields, as the `lopt.rules.per_tensor.TensorRule`s of the parts
+        `lopt.pretrained.rule_chain.from_fields` translates them to (σ, h and the fade, d, c, λ, the growth
+        limit), innermost first; a field at its default gives none (module docstring).
+
+        Args:
+          theta: meta-parameters (a learned λ); iteration: t, int32 []; num_steps: N (may be traced) or None.
+          roles, shapes: every tensor's `lopt.param_roles.ParamRole` and static shape.
+          loss_start: ℓ_0 where `wd_loss_power` > 0, else None; loss_ema: float32 [] ℓ̄_t.
+
+        Returns:
+          a tuple of TensorRules, evaluated while the update is traced.
+        """
+        rules = []
+        if self.schedule != "constant":
+            sigma = schedule.prior_schedule(self.schedule, iteration, num_steps)
+            rules.append(StepScaleRule(lambda role, shape: sigma))
+        if self.horizon_reference > 0:
+            h = horizon.horizon_scale(num_steps, self.horizon_reference, self.horizon_power)
+            fade = None
+            if self.residual_horizon_power > 0:
+                fade = horizon.horizon_scale(num_steps, self.horizon_reference, self.residual_horizon_power)
+            rules.append(StepScaleRule(lambda role, shape: h, fade))
+        if self.depth_reference > 0:
+            d = self.depth_scale(depth.matrix_depth(shapes, roles))
+            rules.append(StepScaleRule(lambda role, shape: d if is_orthogonalized(role, shape) else None))
+        c = self.model_scale(roles)
+        if c != 1.0:
+            rules.append(StepScaleRule(lambda role, shape: c))
+        lam0 = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range)
+        if lam0 is not None:
+            rules.append(wd_rule.LossAwareRule(lam0, loss_start, loss_ema, self.wd_loss_power, self.wd_loss_max,
+                                               self.wd_loss_free, self.wd_conv_loss_free, self.wd_roles))
+        if self.residual_no_growth:
+            rules.append(radial.GrowthLimitRule(self.residual_growth_free))
+        return tuple(rules)
+
     def opt_fn(self, theta: dict, *, num_steps: Optional[Any] = None, is_training: bool = False,
                weight_dimension_numbers: Any = None, strict_roles: bool = False) -> optax.GradientTransformationExtraArgs:
         """The optimizer theta defines (the update is in the module docstring).
@@ -324,16 +335,14 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             start = jnp.zeros((), jnp.float32) if self.wd_loss_power > 0 else None
             return Celo2LOptState(momenta, second, jnp.zeros((), jnp.int32), ft.init_loss_state(), start)
 
-        def update_leaf(g, p, m, v, role, t, lrs, fade, lam, rules, scales):
+        def update_leaf(g, p, m, v, role, t, lrs, rules, scales):
             shape, k = jnp.shape(p), len(self.decays)
             n = math.prod(shape)
             if n == 0:
                 return jnp.zeros_like(p), m, v
             g32, p32 = jnp.asarray(g, jnp.float32), jnp.asarray(p, jnp.float32)
-            decay = self.weight_decay  # plus the weight-decay rule's λ where it decays this role
-            if lam is not None and wd_rule.is_decayed(role, self.wd_roles):
-                decay = decay + lam
-            for rule in rules:  # rules outside the update, through `lopt.rules.per_tensor`
+            decay = self.weight_decay
+            for rule in rules:  # the decay rates of the rules (its own, then those outside), innermost first
                 rule_lam = rule.decay(role)
                 decay = decay if rule_lam is None else decay + rule_lam
             m, v = accumulate(g32, m, v, decays, self.rms_decay)
@@ -341,17 +350,14 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             nesterov = beta * m[idx] / (1.0 - beta ** (t1 + 1.0)) + (1.0 - beta) * g32 / (1.0 - beta ** t1)
             ortho = is_orthogonalized(role, shape)
             lr = lrs[0] if ortho else lrs[1]
-            for f in scales:  # step-size factors of the rules outside that vary within a path
+            for f in scales:  # step-size factors of the rules that vary within a path
                 lr = lr * f
             if ortho:
                 # flat [n] (the layout's blocks), or in the tensor's own shape where the layout keeps it (sharded)
                 flat = (lambda x, *lead: x) if layout.keeps_shape(g) else (lambda x, *lead: x.reshape(*lead, n))
                 u = flat(nesterov / (ft.rms(nesterov) + consts["norm_eps"]))
                 r = normalized_feature_mlp(flat(g32), flat(p32), flat(m, k), flat(v), idx, first, rest, BLOCK, layout)
-                r = r if fade is None else fade * r
-                if self.residual_no_growth:
-                    r = radial.remove_growth(r, flat(p32), self.residual_growth_free, role.fan_in(shape))
-                for rule in rules:
+                for rule in rules:  # the horizon fade, the growth limit, ..., innermost first
                     r = rule.residual(r, flat(p32), role, shape)
                 u = u + r
                 orth = gathered(lambda x: orthogonalize(x, role), u.reshape(shape))
@@ -365,29 +371,17 @@ class Celo2LOpt(MomentFeatures, LearnedStepSizes, LearnedOptimizer):
             tree_checks.require_params(updates, params, "Celo2LOpt")
             loss_feats, loss_state = ft.loss_features(extra_args.get("loss"), state.loss_state)
             t = state.iteration
-            lrs = (self.step_sizes(theta, t, num_steps, loss_feats) * schedule.prior_schedule(self.schedule, t, num_steps)
-                   * horizon.horizon_scale(num_steps, self.horizon_reference, self.horizon_power))
-            fade = None  # the learned residual's horizon factor, where one is set
-            if self.horizon_reference > 0 and self.residual_horizon_power > 0:
-                fade = horizon.horizon_scale(num_steps, self.horizon_reference, self.residual_horizon_power)
             roles = param_roles.infer(params, weight_dimension_numbers, strict=strict_roles)
             treedef, gs, (ps, ms, vs, rs) = tree_checks.leaves_of(updates, params, state.momenta, state.second_moment, roles)
-            lrs = lrs * jnp.asarray([self.depth_scale(depth.matrix_depth([jnp.shape(p) for p in ps], rs)), 1.0],
-                                    jnp.float32) * self.model_scale(rs)
-            lam0, start = wd_rule.decay_rate(theta, self.wd_rate, self.wd_learned, self.wd_log_range), None
-            lams = {}  # λ per ρ_free, computed once for each ρ_free the roles take
+            shapes = [tuple(jnp.shape(p)) for p in ps]
+            start = None
             if self.wd_loss_power > 0:
                 start = wd_rule.track_loss_start(state.loss_start, state.loss_state, extra_args.get("loss"))
-                for free in {wd_rule.loss_free_of(r, self.wd_loss_free, self.wd_conv_loss_free) for r in rs}:
-                    lams[free] = lam0 * wd_rule.loss_factor(start, loss_state[0], self.wd_loss_power,
-                                                            self.wd_loss_max, free)
-            lam = lambda role: lams.get(wd_rule.loss_free_of(role, self.wd_loss_free, self.wd_conv_loss_free), lam0)
-            rules = per_tensor.innermost_first(extra_args)
-            shapes = [tuple(jnp.shape(p)) for p in ps]
-            lrs, scales = per_tensor.scale_step_sizes(lrs, rules, rs, shapes,
+            rules = self.field_rules(theta, t, num_steps, rs, shapes, start, loss_state[0]) + per_tensor.innermost_first(
+                extra_args)
+            lrs, scales = per_tensor.scale_step_sizes(self.step_sizes(theta, t, num_steps, loss_feats), rules, rs, shapes,
                                                       [0 if is_orthogonalized(r, s) else 1 for r, s in zip(rs, shapes)])
-            leaves = [update_leaf(g, p, m, v, r, t, lrs, fade, lam(r), rules, sc)
-                      for g, p, m, v, r, sc in zip(gs, ps, ms, vs, rs, scales)]
+            leaves = [update_leaf(g, p, m, v, r, t, lrs, rules, sc) for g, p, m, v, r, sc in zip(gs, ps, ms, vs, rs, scales)]
             new_updates, momenta, second = (treedef.unflatten(x) for x in zip(*leaves)) if leaves else (updates,) * 3
             return new_updates, Celo2LOptState(momenta, second, t + 1, loss_state, start)
 

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import optax
-
 from lopt.rules import weight_decay
 from lopt.rules.chain import PARTS, apply
 
