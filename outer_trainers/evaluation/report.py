@@ -25,6 +25,7 @@ import numpy as np
 from lopt.file_io import atomic_write_bytes
 from outer_trainers.evaluation.scores import final_loss
 from outer_trainers.evaluation.tuning import best_runs, grid_edge
+from outer_trainers.evaluation.baselines.grid_search import STAGE1_SEEDS, TOP_K
 
 DIVERGED = " (every setting diverged)"  # marks a best_runs entry that won only because all diverged
 
@@ -227,7 +228,8 @@ def profile_table(profile: dict, plotted: bool = False) -> str:
 
 def results_markdown(title: str, comparisons: dict, summary: dict, results: dict, num_steps: dict, seconds: float,
                      cpu_seconds: float, profile: Optional[dict] = None, plotted: bool = False,
-                     times: Optional[dict] = None) -> str:
+                     times: Optional[dict] = None, stage1_seeds: int = STAGE1_SEEDS,
+                     top_k: Optional[int] = TOP_K) -> str:
     """results.md: the title, how the baselines were tuned, the cost, `comparison_tables`,
     `profile_table`, `time_to_target_table` and `markdown_table`.
 
@@ -242,17 +244,21 @@ def results_markdown(title: str, comparisons: dict, summary: dict, results: dict
       profile: `aggregate.performance_profile(results)` (None: no profile section).
       plotted: whether performance_profile.png was written.
       times: `{task: suite_runs.target_times(runs)}` (None: no time-to-target section).
+      stage1_seeds: the tuning rule's stage-1 seeds (`baselines.grid_search`), as the report states it.
+      top_k: its stage-2 points; None: the full grid (every seed at every point).
 
     Returns:
       the Markdown text, ending with a newline.
     """
+    rule = ("full grid (every seed at every point)" if top_k is None else
+             f"two-stage rule ({stage1_seeds} seed{'s' if stage1_seeds > 1 else ''} over the grid, every seed at the "
+             f"best {top_k} points)")
     prof = f"\n\n{profile_table(profile, plotted)}" if profile is not None else ""
     ttt = f"\n\n{time_to_target_table(times)}" if times else ""
     return (f"# {title}\n\nEach baseline (NAME:SCHEDULE: constant rate, or warm-up + cosine / linear decay to 0 "
             f"over the task's budget; :tuned chooses the schedule) tuned per task over a log-spaced rate grid (7 "
             f"rates) x weight decay (AdamW, Muon) x schedule, extended past an edge holding the best point, by one "
-            f"two-stage rule (one seed over the grid, every seed at the best 3 points; outer_trainers.evaluation."
-            f"baselines), its setting chosen on the final validation loss; scored on the "
+            f"{rule} (outer_trainers.evaluation.baselines), its setting chosen on the final validation loss; scored on the "
             f"test loss (each task's eval split) at the end of training, train loss second; medians over seeds; "
             f"IQMs across tasks with 95% stratified-bootstrap intervals (seeds resampled within each task); "
             f"{seconds / 60:.1f} min ({cpu_seconds / 60:.1f} CPU-min).\n\n{comparison_tables(comparisons, summary)}"

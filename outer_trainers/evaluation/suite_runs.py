@@ -390,7 +390,8 @@ def evaluate(output_dir: str, *, optimizers: Sequence[str] = (), theta_path: Opt
     named = [f"{b} (untuned)" if is_untuned_baseline(b) else b for b in baselines]
     title = f"{', '.join(o['label'] for o in opts)} vs tuned {', '.join(named)} on {what}"
     text = results_markdown(title, comparisons, summary, results, {t: i["num_steps"] for t, i in info.items()},
-                            total, cpu, profile, plots, {t: i["time_to_target"] for t, i in info.items()})
+                            total, cpu, profile, plots, {t: i["time_to_target"] for t, i in info.items()},
+                            stage1_seeds=tuning.stage1_seeds, top_k=tuning.top_k)
     write_text(os.path.join(output_dir, "results.md"), text)
     log(text)
     return {"results": results, "comparisons": comparisons, "summary": summary, "profile": profile, "json": doc}

@@ -153,7 +153,7 @@ def test_muon_is_a_baseline_and_plots_can_be_left_out(evaluate_script, tmp_path)
     doc = _strict_json(out / "results.json")
     task = doc["tasks"]["image_mlp_family_digits_8"]
     muon = task["optimizers"]["muon:cosine"]
-    # the two-stage rule: one seed over 7 rates x 2 decays, then every seed at the 3 best points
+    # the two-stage rule: two seeds over 7 rates x 2 decays, then every seed at the 3 best points
     assert len(muon["settings"]) == 3 and muon["best_learning_rate"] in muon["learning_rates"]
     assert set(muon["learning_rates"]) <= set(evaluation.default_lrs("muon"))
     assert muon["best_schedule"] == "cosine" and muon["best_weight_decay"] in (0.0, 0.1)

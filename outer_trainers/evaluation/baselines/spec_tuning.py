@@ -40,7 +40,7 @@ class BaselineTuning:
     """How `evaluate` tunes each baseline per task (the protocol of `outer_trainers.evaluation.protocol`).
 
     Every baseline trains at each point of its starting grid (rate x weight decay x schedule) by the
-    two-stage rule of `grid_search` (one seed over the whole grid, every seed at the `top_k` best
+    two-stage rule of `grid_search` (`stage1_seeds` seeds over the whole grid, every seed at the `top_k` best
     points); the grid is extended by 2 values past an edge holding the best point, at most
     `max_extensions` times. The values are checked by `evaluate` before any work (`task_plan.check_arguments`).
 

@@ -117,7 +117,7 @@ def test_the_grid_is_extended_on_the_rate_and_the_decay_axes_through_the_best_po
     keys = jax.random.split(jax.random.key(0), 3)
     runs = grid_search.tune_baseline(_NO_DATA, "adamw:tuned", None, 4, {"c": jnp.zeros(3)}, keys,
                                      lrs=[1e-3, 1e-2], weight_decays=[0.0, 1e-2, 1e-1, 1.0],
-                                     schedules=("constant", "cosine"), top_k=2)
+                                     schedules=("constant", "cosine"), top_k=2, stage1_seeds=1)
     # stage 1: one seed at 2 x 4 x 2 points; the best (0.01, 1, constant) on the high edges of both axes: 2 rates
     # (0.1, 1) and 2 decays (10, 100) more, the grid a product again (4 x 6 x 2 = 48 points, 32 new); stage 2:
     # every seed at the 2 best points
