@@ -304,6 +304,7 @@ def test_celo2_v7_is_celo2_v6_with_the_no_growth_rule():
         assert np.array_equal(np.asarray(u6), np.asarray(u7)) == same
 
 
+@pytest.mark.slow  # heavy; the fast tier keeps a smaller check of the same part
 def test_celo2_v8_is_celo2_v7_with_the_decay_starting_earlier():
     """celo2_v8 ships celo2_v5's theta file byte for byte, deployed as celo2_v7 with ρ_free = 3: the decay's
     rate λ = 0.03 · clip(ℓ_0 / (3 ℓ̄), 1, 10) grows once the loss is 3× below its start (celo2_v7: 10×)."""
@@ -326,6 +327,7 @@ def test_celo2_v8_is_celo2_v7_with_the_decay_starting_earlier():
     assert not np.array_equal(update_at("celo2_v7", 0.2), update_at("celo2_v8", 0.2))
 
 
+@pytest.mark.slow  # heavy; the fast tier keeps a smaller check of the same part
 def test_celo2_v9_is_celo2_v8_with_three_times_the_steps_in_convnets():
     """celo2_v9 ships celo2_v5's theta file byte for byte, deployed as celo2_v8 with conv_step_scale 3: in a
     model with a conv kernel every update is 3× celo2_v8's (the dense head's too); an MLP's is celo2_v8's."""

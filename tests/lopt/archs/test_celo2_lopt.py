@@ -83,7 +83,7 @@ def test_learned_direction_changes_the_update_and_is_differentiable():
         u, _ = tx.update(_grads(params, 0), tx.init(params), params, loss=jnp.asarray(1.0))
         return jnp.sum(optax.apply_updates(params, u)["hidden"]["kernel"] ** 2)
 
-    g = jax.grad(meta_loss)(theta)
+    g = jax.jit(jax.grad(meta_loss))(theta)  # jitted: op-by-op differentiation of the update takes ~10x longer
     assert float(jnp.abs(g["mlp"]["input"]["w"]).sum()) > 0 and float(jnp.abs(g["lr"]["output"]["w"]).sum()) > 0
 
 
@@ -211,6 +211,7 @@ def _radial_theta(learned_opt, sign):
     return theta
 
 
+@pytest.mark.slow  # heavy; the fast tier keeps a smaller check of the same part
 def test_residual_no_growth_removes_a_residual_that_only_grows_the_weights():
     """r = −p̃ (the step −η·orth(b̂ + r) pushes every matrix outwards): with the option the residual is
     projected to 0 and the update is the residual-free one (Muon's direction); r = +p̃ (shrinks) is kept."""

@@ -50,6 +50,7 @@ def test_celo2_takes_the_interface_and_plain_optax_does_not():
         lopt.rules.loss_aware_decay(optax.adam(1e-3), None, 0.03)
 
 
+@pytest.mark.slow  # heavy; the fast tier keeps a smaller check of the same part
 def test_loss_aware_decay_outside_celo2_is_its_wd_fields_bit_for_bit():
     """λ₀ φ_t enters each decayed tensor's bracket, times that tensor's own η, as the fields did."""
     wd = dict(rate=0.03, loss_power=1.0, loss_max=10.0, loss_free=3.0)
@@ -127,6 +128,7 @@ def test_shipped_records_hold_their_rules_as_a_chain():
     assert lopt.pretrained.deployed_learned_optimizer("normmlp_v3")[0].overshoot_gain == 0.2
 
 
+@pytest.mark.slow  # heavy; the fast tier keeps a smaller check of the same part
 def test_step_size_rules_outside_celo2_are_its_fields_bit_for_bit():
     """scheduled, horizon_scaled (its residual fade included) and depth_scaled around Celo2LOpt multiply each
     tensor's own step size (depth: the matrices') and fade the learned residual, as its fields did."""

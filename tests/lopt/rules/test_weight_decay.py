@@ -211,6 +211,7 @@ def test_loss_aware_checks_name_the_bad_option():
         lopt.Celo2LOpt(wd_rate=0.1, wd_loss_power=0.5, wd_loss_max=0.5)
 
 
+@pytest.mark.slow  # heavy; the fast tier keeps a smaller check of the same part
 def test_conv_kernels_take_their_own_loss_free_ratio():
     """With wd_conv_loss_free the conv kernel's update is that of a run whose ρ_free is the conv one
     for every tensor, and the dense kernel's that of a run with wd_loss_free, bit for bit; the two
