@@ -210,11 +210,13 @@ def test_a_horizon_past_the_meta_training_ones_warns():
 
 @pytest.mark.slow
 def test_celo2_v4_is_deployed_with_the_horizon_rule_that_leaves_runs_up_to_2000_steps_as_they_were():
-    """load("celo2_v4") applies its deploy_options' horizon rule: on a run of ≤ 2000 steps every update is
+    """load("celo2_v4") applies its rule chain's horizon rule: on a run of ≤ 2000 steps every update is
     the meta-trained config's, bit for bit (so the heldout-cpu, lm-cpu and scaling-cpu figures stand);
     on a longer run the steps are smaller."""
     options = {"horizon_reference": 2000, "horizon_power": 1.0, "residual_horizon_power": 2.0}
-    assert lopt.pretrained.info("celo2_v4")["deploy_options"] == options
+    assert {"part": "horizon_scaled", "reference": 2000, "power": 1.0, "residual_power": 2.0} in \
+        lopt.pretrained.info("celo2_v4")["rules"]
+    assert {k: lopt.pretrained.deploy_options("celo2_v4")[k] for k in options} == options  # the chain as fields
     meta_trained, theta = lopt.pretrained.load_learned_optimizer_by_name("celo2_v4")
     assert lopt.pretrained.deployed_learned_optimizer("celo2_v4")[0] == type(meta_trained)(
         **{**meta_trained.config(), **options})
