@@ -40,12 +40,14 @@ def test_the_read_finder_finds_a_read():
 
 
 def test_architectures_have_their_own_subpackage_and_lopt_stays_small():
-    """Every registered architecture is defined in lopt/archs; lopt/ has at most 12 entries at its top."""
+    """Every registered architecture is defined in lopt/archs (the rule wrapper `RuledLOpt`, registered so
+    that its theta files load, in lopt/rules); lopt/ has at most 12 entries at its top."""
     import lopt
     for name in lopt.architectures():
         cls = lopt.architecture(name)
         if cls.__module__.startswith("lopt."):
-            assert cls.__module__.startswith("lopt.archs."), (name, cls.__module__)
+            allowed = ("lopt.archs.", "lopt.rules.learned") if name == "RuledLOpt" else ("lopt.archs.",)
+            assert cls.__module__.startswith(allowed), (name, cls.__module__)
     top = [e for e in os.listdir(LOPT) if e != "__pycache__" and (e.endswith(".py") or
                                                                   os.path.isfile(os.path.join(LOPT, e, "__init__.py")))]
     assert len(top) <= 12, sorted(top)

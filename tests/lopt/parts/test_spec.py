@@ -56,7 +56,8 @@ def _state_of(lo):
 
 
 def test_every_architecture_with_two_implementations_has_a_spec():
-    names = set(_with_torch_rule())
+    # RuledLOpt runs in torch as its inner architecture (lopt.torch.rules.learned), whose spec this checks
+    names = set(_with_torch_rule()) - {"RuledLOpt"}
     assert {"MLPLOpt", "AdafacMLPLOpt", "RNNMLPLOpt", "NNAdam", "HyperLOpt", "NormMLPLOpt", "Celo2LOpt"} <= names
     for name in names:
         spec = lopt.architecture(name)().spec()

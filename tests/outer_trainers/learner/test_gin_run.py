@@ -87,7 +87,8 @@ OLD_RESUME_SAFE = ("train.num_steps", "train.max_consecutive_dropped", "train.pr
                    "train.tensorboard", "train.resume", "train.overwrite", "train.extend", "train.eval_",
                    "train.meta_eval_", "train.checkpoint", "train.keep_", "train.permanent_", "train.best_",
                    "train.num_workers", "train.max_staleness", "train.num_estimates_per_step", "train.validation_",
-                   "Validation.")  # settings only the groups have (Validation.objective) stay as written
+                   "Validation.", "Comparison.")  # settings only the groups have (Validation.objective,
+# Comparison.adam_schedule) stay as written
 
 
 @pytest.mark.parametrize("name", sorted(n[:-4] for n in os.listdir(CONFIGS) if n.endswith(".gin")))
