@@ -20,6 +20,17 @@ def test_eps_reused_within_episode_and_redrawn_after_reset():
     assert not np.allclose(eps[2], eps[3])
 
 
+def test_variance_script_reports_variance_bias_and_gradient_norm():
+    """scripts/estimator_variance.py at 3 replicates (the fast tier's run of it): finite, non-negative
+    figures per estimator; TruncatedGrad is deterministic, so its variance is 0."""
+    from estimator_variance import estimator_variances
+    res = estimator_variances(names=("TruncatedPES", "TruncatedGrad"), replicates=3, episode_length=4, trunc_length=2)
+    assert set(res) == {"TruncatedPES", "TruncatedGrad"}
+    for r in res.values():
+        assert set(r) == {"variance", "bias", "grad_norm"} and all(np.isfinite(v) and v >= 0 for v in r.values())
+    assert res["TruncatedPES"]["variance"] > 0 and res["TruncatedGrad"]["variance"] == 0
+
+
 @pytest.mark.slow
 def test_nres_variance_below_pes_for_long_episodes():
     """Influence balancing, 100 truncations of one episode: PES's variance grows with ξ, NRES's
